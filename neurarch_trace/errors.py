@@ -1,0 +1,33 @@
+"""The errors neurarch-trace raises for things a user can fix.
+
+Every front end (command line, notebook magic) shows ``str(error)`` as one line and exits 1; the
+message says what went wrong and what to do.
+
+    NeurarchError            base: one user-readable line
+    ├── TargetError          the model could not be located, imported or built
+    ├── InputSpecError       a malformed ``--input`` / unknown dtype
+    ├── TraceError           the forward pass raised (wraps the model's own error)
+    └── GraphError           a graph file or dict that breaks the format contract
+"""
+
+from __future__ import annotations
+
+
+class NeurarchError(Exception):
+    """Base class: ``str(err)`` is one line telling the user what went wrong and what to do."""
+
+
+class TargetError(NeurarchError):
+    """The target (``file.py:Attr``, ``pkg.mod:attr``, ``hf:...``) could not be turned into a model."""
+
+
+class InputSpecError(NeurarchError, ValueError):
+    """A ``--input DIMS[:dtype]`` specification that cannot be parsed."""
+
+
+class TraceError(NeurarchError, RuntimeError):
+    """The model's forward pass raised; the original exception is chained as ``__cause__``."""
+
+
+class GraphError(NeurarchError, ValueError):
+    """A graph that breaks the ``.neurarch.json`` contract, or a file that is not one."""

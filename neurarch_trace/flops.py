@@ -1,0 +1,173 @@
+"""FLOP counting for one traced forward pass.
+
+Units: floating-point operations, one multiply-add = 2 FLOPs, the convention of
+``torch.utils.flop_counter`` (which this module uses as its base): matrix multiplications,
+convolutions and attention are counted; elementwise, normalisation, reduction and data-movement
+operations count 0. Bias additions are ignored, as that counter ignores them.
+
+Where the counter reports nothing or too little on the CPU, this module adds formulas:
+
+* ``aten._scaled_dot_product_flash_attention_for_cpu`` (the CPU kernel behind
+  ``F.scaled_dot_product_attention``): the counter's own ``sdpa_flop_count`` (Q·Kᵀ plus P·V,
+  ``4·B·H·Lq·Lk·E``; the causal mask is ignored, as the counter ignores it for the CUDA kernels).
+* Recurrent layers (nn.LSTM/GRU/RNN), whose CPU kernels (``mkldnn_rnn_layer``) have no formula:
+  :func:`rnn_flops`.
+* Dynamically quantized linear layers (``quantized::linear_dynamic``): :func:`linear_flops` from
+  the unpacked weight's shape.
+
+An operation that does cost FLOPs but has no formula (a custom C++ op, an FFT, a quantized kernel
+outside the cases above) is reported by name as *uncounted*, never as a silent zero.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable
+
+import torch
+from torch.utils import flop_counter as _fc
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["FlopMode", "rnn_flops", "linear_flops", "op_flops"]
+
+_aten = torch.ops.aten
+
+
+def _sdpa_cpu_flops(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return int(_fc.sdpa_flop_count(tuple(query.shape), tuple(key.shape), tuple(value.shape)))
+
+
+# Formulas this module adds, keyed by op packet, with the same signature as the registry's.
+_EXTRA: dict[Any, Callable[..., int]] = {}
+if hasattr(_aten, "_scaled_dot_product_flash_attention_for_cpu"):
+    _EXTRA[_aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_cpu_flops
+
+
+def _vector_flops(a: Any, b: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    # dot/vdot: n multiply-adds; mv: m*n.
+    return 2 * int(a.numel()) if a.dim() == 1 else 2 * int(a.shape[0]) * int(a.shape[1])
+
+
+def _addmv_flops(bias: Any, mat: Any, vec: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return 2 * int(mat.shape[0]) * int(mat.shape[1])  # the added vector is ignored, as for addmm
+
+
+def _addbmm_flops(bias: Any, b1: Any, b2: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    batch, m, k = (int(d) for d in b1.shape)
+    return 2 * batch * m * k * int(b2.shape[-1])
+
+
+for _name, _formula in (("dot", _vector_flops), ("vdot", _vector_flops), ("mv", _vector_flops),
+                        ("addmv", _addmv_flops), ("addbmm", _addbmm_flops)):
+    if hasattr(_aten, _name):
+        _EXTRA[getattr(_aten, _name)] = _formula
+
+# aten ops that perform real arithmetic: one of these without a formula is reported as uncounted.
+# Everything else in aten is elementwise, a reduction, a normalisation or data movement, which the
+# counter's convention counts as 0.
+_COSTLY_FRAGMENTS = ("lstm", "gru", "rnn", "attention", "fft", "stft", "matmul", "einsum",
+                     "bilinear", "tensordot", "cdist", "linear", "conv")
+_MATMUL_NAME = re.compile(r"mm($|_)")  # mm, addmm, _int_mm, _weight_int8pack_mm; not cummax
+_NOT_COSTLY = ("convert", "_conv_depthwise2d_backward")  # names that contain a fragment by accident
+_FREE_NAMESPACES = ("aten", "prim", "prims")
+
+# Uncounted ops that a node-level formula covers (the node replaces its count with the formula).
+NODE_FORMULA_OPS = frozenset(
+    {
+        "aten.mkldnn_rnn_layer",
+        "aten.lstm",
+        "aten.gru",
+        "aten.rnn_tanh",
+        "aten.rnn_relu",
+        "aten._thnn_fused_lstm_cell",
+        "aten._thnn_fused_gru_cell",
+        "quantized.linear_dynamic",
+        "quantized.linear_dynamic_fp16",
+        "quantized.linear",
+    }
+)
+
+
+def _is_costly(name: str, namespace: str) -> bool:
+    if namespace not in _FREE_NAMESPACES:
+        return True
+    base = name.split(".", 1)[1] if "." in name else name
+    if any(word in base for word in _NOT_COSTLY):
+        return False
+    return any(frag in base for frag in _COSTLY_FRAGMENTS) or bool(_MATMUL_NAME.search(base))
+
+
+def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
+    """FLOPs of one aten call, or ``None`` when it costs FLOPs that no formula counts.
+
+    Returns 0 for operations the counter's convention does not count (elementwise and the like).
+    """
+    packet = func._overloadpacket
+    formula = _fc.flop_registry.get(packet) or _EXTRA.get(packet)
+    if formula is not None:
+        return int(formula(*args, **kwargs, out_val=out))
+    namespace = getattr(func, "namespace", "aten")
+    if _is_costly(str(packet), namespace):
+        return None
+    return 0
+
+
+class FlopMode(TorchDispatchMode):
+    """A dispatch mode that hands each operation's FLOPs to ``sink(flops, op_name)``.
+
+    ``flops`` is ``None`` for an operation that could not be counted.
+    """
+
+    def __init__(self, sink: Callable[[int | None, str], None]) -> None:
+        super().__init__()
+        self._sink = sink
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        flops = op_flops(func, args, kwargs, out)
+        if flops != 0:
+            self._sink(flops, str(func._overloadpacket))
+        return out
+
+
+def linear_flops(in_features: int, out_features: int, rows: int) -> int:
+    """FLOPs of ``rows`` vectors through a dense ``in_features -> out_features`` map:
+    ``2 * rows * in_features * out_features`` (bias ignored)."""
+    return 2 * rows * in_features * out_features
+
+
+def rnn_flops(module: torch.nn.RNNBase, seq_len: int, batch: int) -> int:
+    """FLOPs of an nn.LSTM/GRU/RNN forward over ``seq_len`` steps for ``batch`` sequences.
+
+    Per layer, direction and step, the gate matrix products ``W_ih·x`` and ``W_hh·h``:
+    ``2 * G * H * (I_l + H_r)`` with ``G`` = 4 gates (LSTM), 3 (GRU) or 1 (RNN), ``H`` the hidden
+    size, ``I_l`` the layer's input width (``input_size`` for the first layer, ``D * H_r`` after),
+    ``H_r`` the recurrent width (``proj_size`` when set, else ``H``); an LSTM projection adds
+    ``2 * H * proj_size``. Gate nonlinearities, elementwise products and biases are ignored
+    (the same convention as ``torch.utils.flop_counter``).
+    """
+    mode = getattr(module, "mode", "RNN_TANH")
+    gates = {"LSTM": 4, "GRU": 3}.get(mode, 1)
+    hidden = module.hidden_size
+    proj = getattr(module, "proj_size", 0) or 0
+    rec = proj or hidden
+    dirs = 2 if module.bidirectional else 1
+    total = 0
+    for layer in range(module.num_layers):
+        width_in = module.input_size if layer == 0 else dirs * rec
+        per_step = 2 * gates * hidden * (width_in + rec)
+        if proj:
+            per_step += 2 * hidden * proj
+        total += dirs * per_step
+    return total * seq_len * batch
+
+
+def human_flops(flops: float) -> str:
+    """``1.8 GFLOPs``-style rendering (decimal prefixes)."""
+    if flops <= 0:
+        return "0 FLOPs"
+    exp = min(int(math.log10(flops) // 3), 5)
+    unit = ["", "K", "M", "G", "T", "P"][exp]
+    return f"{flops / 10 ** (3 * exp):.3g} {unit}FLOPs"

@@ -1,0 +1,523 @@
+"""Ask a plan service for the card of a traced graph: ``POST {API}/api/v1/plan``.
+
+This module imports no torch, so notebooks, CI jobs and the ``neurarch-trace plan`` command call it
+without paying for the tracer. The contract it speaks is ``shared/spec/plan-api.md``::
+
+    >>> from neurarch_trace.plan_client import request_plan
+    >>> answer = request_plan(graph, share=True)       # graph: a loaded .neurarch.json dict
+    >>> print(answer.text)                              # the card, verbatim
+    >>> answer.url, answer.blocked                      # share link, blocker verdict
+
+Nothing is sent unless :func:`request_plan` is called. Which service: ``NEURARCH_API`` (trailing slash
+tolerated), default ``https://www.neurarch.com``; ``NEURARCH_API_KEY``, when set and non-empty, is
+sent as a bearer token. Redirects are not followed: a redirected POST loses its body or its
+``Authorization`` header, so a 3xx answer is reported as a status error naming where it points.
+
+Every failure is raised as one of these, and ``str(error)`` is one line a user can act on::
+
+    PlanError (NeurarchError)        base; also a NEURARCH_API that is not an http(s) URL
+    ├── PlanConnectionError          no connection could be made (refused, DNS, TLS, reset)
+    │   └── PlanTimeoutError         connecting, or waiting for the answer, took over `timeout` s
+    ├── PlanStatusError              a non-2xx answer: .status_code and the server's own sentence
+    │   └── PlanRateLimitError       429: anonymous callers are rate-limited; a key lifts it
+    └── PlanResponseError            a 2xx answer that is not JSON, or has no string "text"
+
+``requests`` exceptions are translated in one place (:func:`_post`) with ``raise ... from exc``, so
+the original error stays reachable as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+from urllib.parse import urlsplit
+
+import requests
+
+from neurarch_trace._version import __version__
+from neurarch_trace.errors import GraphError, NeurarchError
+
+__all__ = [
+    "DEFAULT_API",
+    "DEFAULT_TIMEOUT",
+    "PlanConnectionError",
+    "PlanError",
+    "PlanRateLimitError",
+    "PlanResponse",
+    "PlanResponseError",
+    "PlanStatusError",
+    "PlanTimeoutError",
+    "api_base",
+    "check_api",
+    "api_host",
+    "request_plan",
+    "trace_source",
+    "user_agent",
+]
+
+DEFAULT_API = "https://www.neurarch.com"
+"""The hosted service. The ``www.`` matters: the apex domain redirects and drops ``Authorization``."""
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds allowed to connect, and to wait for each piece of the answer (``requests`` semantics)."""
+
+PLAN_PATH = "/api/v1/plan"
+ATTENTION_KINDS = ("sdpa", "flash", "eager")
+_MAX_SERVER_SENTENCE = 300  # characters of a server's error sentence kept in our one line
+
+
+# --------------------------------------------------------------------------------------- errors
+
+
+class PlanError(NeurarchError):
+    """Base of every plan failure; ``str(err)`` is one line saying what happened and what to do."""
+
+
+class PlanConnectionError(PlanError):
+    """No connection to the service could be made: refused, unknown host, TLS failure, reset.
+
+    Attributes: ``host`` (``name[:port]`` of the service), ``reason`` (short lower-case cause).
+    """
+
+    def __init__(self, message: str, *, host: str, reason: str) -> None:
+        super().__init__(message)
+        self.host = host
+        self.reason = reason
+
+
+class PlanTimeoutError(PlanConnectionError):
+    """Connecting, or waiting for the answer, took longer than ``timeout`` seconds.
+
+    Attributes: ``host``, ``reason``, ``timeout`` (the limit in seconds).
+    """
+
+    def __init__(self, message: str, *, host: str, reason: str, timeout: float) -> None:
+        super().__init__(message, host=host, reason=reason)
+        self.timeout = timeout
+
+
+class PlanStatusError(PlanError):
+    """The service answered a status other than 2xx.
+
+    Attributes: ``host``, ``status_code`` (int), ``server_message`` (the service's own ``error``
+    sentence, or None when the body carried none), ``location`` (the ``Location`` header of a 3xx).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str,
+        status_code: int,
+        server_message: Optional[str],
+        location: Optional[str] = None,
+    ) -> None:
+        super().__init__(message)
+        self.host = host
+        self.status_code = status_code
+        self.server_message = server_message
+        self.location = location
+
+
+class PlanRateLimitError(PlanStatusError):
+    """429: the caller is rate-limited (per IP when anonymous). ``NEURARCH_API_KEY`` lifts it.
+
+    Extra attribute: ``retry_after`` (seconds from the ``Retry-After`` header, or None).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str,
+        status_code: int,
+        server_message: Optional[str],
+        retry_after: Optional[float],
+    ) -> None:
+        super().__init__(
+            message, host=host, status_code=status_code, server_message=server_message
+        )
+        self.retry_after = retry_after
+
+
+class PlanResponseError(PlanError):
+    """A 2xx answer the client cannot use: not JSON, not an object, no string ``text``, or a field
+    of the wrong type. Attributes: ``host``, ``status_code``."""
+
+    def __init__(self, message: str, *, host: str, status_code: int) -> None:
+        super().__init__(message)
+        self.host = host
+        self.status_code = status_code
+
+
+# ------------------------------------------------------------------------------------- response
+
+
+@dataclass(frozen=True)
+class PlanResponse:
+    """The service's answer.
+
+    ``text``: the card, plain text, to print verbatim. ``url``: the public share link, or None.
+    ``share_error``: why no link came back although ``share`` was asked (the service's sentence, or
+    one of ours when it gave none); None otherwise. ``plan``: the machine-readable facts
+    (``plan.run.legal``, ``plan.run.blockers``, ``plan.model.params``, ``plan.cost.*``), or None when
+    the service sent none. ``raw``: the whole decoded JSON object.
+    """
+
+    text: str
+    url: Optional[str] = None
+    share_error: Optional[str] = None
+    plan: Optional[dict] = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def blockers(self) -> list:
+        """``plan.run.blockers`` (a list, empty when none or when the answer carries no plan)."""
+        run = (self.plan or {}).get("run")
+        blockers = run.get("blockers") if isinstance(run, dict) else None
+        return list(blockers) if isinstance(blockers, list) else []
+
+    @property
+    def blocked(self) -> Optional[bool]:
+        """True when the plan reports a blocker (``plan.run.legal`` false or ``blockers`` non-empty),
+        False when it reports none, None when the answer carries no ``plan.run`` to tell."""
+        run = (self.plan or {}).get("run")
+        if not isinstance(run, dict):
+            return None
+        legal, blockers = run.get("legal"), run.get("blockers")
+        if legal is False or (isinstance(blockers, list) and blockers):
+            return True
+        if isinstance(legal, bool) or isinstance(blockers, list):
+            return False
+        return None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# ------------------------------------------------------------------------------ configuration
+
+
+def api_base() -> str:
+    """The service address: ``NEURARCH_API`` without trailing slashes, else :data:`DEFAULT_API`."""
+    value = os.environ.get("NEURARCH_API", "").strip()
+    return value.rstrip("/") if value else DEFAULT_API
+
+
+def check_api(api: Optional[str] = None) -> str:
+    """Return the service address (``api``, else :func:`api_base`) without trailing slashes.
+
+    Raises:
+        PlanError: the address is not an ``http://`` or ``https://`` URL with a host.
+    """
+    base_url = api.strip().rstrip("/") if api is not None else api_base()
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        source = "the plan service address" if api is not None else "NEURARCH_API"
+        raise PlanError(
+            f"{source} {base_url!r} is not an http(s) URL; "
+            f"set NEURARCH_API to one such as {DEFAULT_API}, or unset it"
+        )
+    return base_url
+
+
+def api_host(api: Optional[str] = None) -> str:
+    """``host[:port]`` of a service address (default :func:`api_base`), for messages and notices.
+
+    User info in the URL is never shown. An address with no host is returned as typed.
+    """
+    parts = urlsplit(api if api is not None else api_base())
+    host = parts.hostname
+    if not host:
+        return api if api is not None else api_base()
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{host}:{port}" if port else host
+
+
+def user_agent() -> str:
+    """``neurarch-trace/<version>``: the User-Agent header and the ``source.tool`` field."""
+    return f"neurarch-trace/{__version__}"
+
+
+def trace_source(target: str, inputs: list[str]) -> dict:
+    """The ``source`` block of a traced graph: the target as typed and the ``--input`` specs joined
+    by one space (``"1,3,224,224"``, ``"1,128:long 1,128:long"``)."""
+    return {"kind": "trace", "target": target, "input": " ".join(inputs), "tool": user_agent()}
+
+
+# ------------------------------------------------------------------------------------- request
+
+
+def request_plan(
+    graph: Mapping[str, Any],
+    *,
+    share: bool = False,
+    base: Optional[Mapping[str, Any]] = None,
+    source: Optional[Mapping[str, Any]] = None,
+    seq_len: Optional[int] = None,
+    attention: Optional[str] = None,
+    api: Optional[str] = None,
+    api_key: Optional[str] = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> PlanResponse:
+    """Send ``graph`` to the plan service and return its answer.
+
+    Args:
+        graph: the ``.neurarch.json`` graph, as a dict (sent as ``model``).
+        share: ask the service to store the graph and card at a public, unguessable URL. Anyone
+            holding the link can open it; weights and source code are never in the graph.
+        base: a second graph, the design being changed from; the card then includes a diff.
+        source: where the graph came from (see :func:`trace_source`); sent as is.
+        seq_len: tokens per sample for sizing, a positive int.
+        attention: ``"sdpa"``, ``"flash"`` or ``"eager"`` (only eager stores the score matrix).
+        api: service address; default :func:`api_base` (``NEURARCH_API`` or the hosted service).
+        api_key: bearer token; None reads ``NEURARCH_API_KEY``, ``""`` sends no key.
+        timeout: seconds allowed to connect and to wait for each piece of the answer (default 30).
+
+    Returns:
+        :class:`PlanResponse`. When ``share`` was asked and no URL came back, ``url`` is None and
+        ``share_error`` says why; that is not an exception, the card is still good.
+
+    Raises:
+        ValueError: ``seq_len``, ``attention`` or ``timeout`` out of range (a programming error).
+        GraphError: ``graph`` or ``base`` is not a dict, or holds a value JSON cannot carry.
+        PlanError: ``api`` is not an http(s) URL. Subclasses: :class:`PlanConnectionError`,
+            :class:`PlanTimeoutError`, :class:`PlanStatusError`, :class:`PlanRateLimitError`,
+            :class:`PlanResponseError`, as drawn in the module docstring.
+    """
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    if attention is not None and attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
+    if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+
+    base_url = check_api(api)
+    host = api_host(base_url)
+
+    body: dict[str, Any] = {"model": _graph_dict(graph, "graph"), "share": bool(share)}
+    if source is not None:
+        body["source"] = dict(source)
+    if base is not None:
+        body["base"] = _graph_dict(base, "base graph")
+    if seq_len is not None:
+        body["seq_len"] = seq_len
+    if attention is not None:
+        body["attention"] = attention
+    try:
+        payload = json.dumps(body, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise GraphError(f"the graph cannot be sent as JSON: {exc}") from exc
+
+    key = os.environ.get("NEURARCH_API_KEY", "") if api_key is None else api_key
+    key = key.strip()
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+        "User-Agent": user_agent(),
+    }
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+
+    response = _post(base_url + PLAN_PATH, payload, headers, host=host, timeout=float(timeout))
+    if not 200 <= response.status_code < 300:
+        raise _status_error(response, host=host, key_sent=bool(key))
+    return _parse_answer(response, host=host, share=bool(share))
+
+
+def _graph_dict(graph: Any, what: str) -> dict:
+    if not isinstance(graph, Mapping):
+        raise GraphError(f"the {what} must be a dict (a loaded .neurarch.json), got {type(graph).__name__}")
+    return dict(graph)
+
+
+def _post(
+    url: str, payload: bytes, headers: dict, *, host: str, timeout: float
+) -> requests.Response:
+    """The one boundary where ``requests`` exceptions become :class:`PlanError` subclasses."""
+    try:
+        response = requests.post(
+            url, data=payload, headers=headers, timeout=timeout, allow_redirects=False
+        )
+        response.content  # read the whole body here, so a stall in it is a timeout here too
+        return response
+    except requests.exceptions.ConnectTimeout as exc:  # before ConnectionError: it is both
+        raise PlanTimeoutError(
+            f"could not connect to the plan service at {host} within {timeout:g} seconds",
+            host=host, reason="connect timeout", timeout=timeout,
+        ) from exc
+    except requests.exceptions.Timeout as exc:
+        raise _read_timeout(host, timeout) from exc
+    except requests.exceptions.ConnectionError as exc:
+        if _is_read_timeout(exc):  # requests reports a stall inside the body this way
+            raise _read_timeout(host, timeout) from exc
+        reason = _connection_reason(exc)
+        raise PlanConnectionError(
+            f"could not connect to the plan service at {host}: {reason}", host=host, reason=reason
+        ) from exc
+    except requests.exceptions.RequestException as exc:
+        reason = _connection_reason(exc)
+        raise PlanConnectionError(
+            f"the request to the plan service at {host} failed: {reason}", host=host, reason=reason
+        ) from exc
+
+
+def _read_timeout(host: str, timeout: float) -> PlanTimeoutError:
+    return PlanTimeoutError(
+        f"the plan service at {host} did not answer within {timeout:g} seconds; try again later",
+        host=host, reason="read timeout", timeout=timeout,
+    )
+
+
+def _is_read_timeout(exc: BaseException) -> bool:
+    from urllib3.exceptions import ReadTimeoutError
+
+    return any(isinstance(e, ReadTimeoutError) for e in _exception_chain(exc))
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, its first argument when that is an exception, urllib3's ``reason``, and the
+    ``__cause__``/``__context__`` chain, depth first, each once."""
+    seen: list[BaseException] = []
+    stack: list[Any] = [exc]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, BaseException) or any(item is s for s in seen):
+            continue
+        seen.append(item)
+        stack.extend([item.__context__, item.__cause__, getattr(item, "reason", None)])
+        stack.extend(a for a in reversed(item.args) if isinstance(a, BaseException))
+    return seen
+
+
+def _connection_reason(exc: BaseException) -> str:
+    """A short lower-case cause (``connection refused``, ``name or service not known``) taken from
+    the deepest OS error in the chain, instead of urllib3's multi-part repr."""
+    import ssl
+
+    for e in _exception_chain(exc):
+        if isinstance(e, ssl.SSLError):
+            return "TLS handshake failed (" + (e.reason or type(e).__name__).lower().replace("_", " ") + ")"
+        if isinstance(e, OSError) and isinstance(e.strerror, str) and e.strerror:
+            return _lower_first(e.strerror)
+    match = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", str(exc))
+    if match:
+        return _lower_first(match.group(1).strip())
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return "the connection failed or was closed before an answer came"
+    return _one_line(str(exc)) or type(exc).__name__
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def _one_line(text: str) -> str:
+    """Collapse whitespace (newlines included) and cap the length, so a sentence fits one line."""
+    text = " ".join(text.split())
+    if len(text) > _MAX_SERVER_SENTENCE:
+        text = text[: _MAX_SERVER_SENTENCE - 3].rstrip() + "..."
+    return text
+
+
+def _decode_json(response: requests.Response) -> Any:
+    """The body as JSON, or raises ValueError."""
+    return json.loads(response.content)  # bytes: json detects UTF-8/16/32 itself
+
+
+def _server_sentence(response: requests.Response) -> Optional[str]:
+    """The service's own ``error`` sentence (``detail`` as a fallback), or None."""
+    try:
+        body = _decode_json(response)
+    except ValueError:
+        return None
+    if isinstance(body, dict):
+        for key in ("error", "detail"):
+            value = body.get(key)
+            if isinstance(value, str) and value.strip():
+                return _one_line(value).rstrip(".")
+    return None
+
+
+def _status_error(response: requests.Response, *, host: str, key_sent: bool) -> PlanStatusError:
+    code = response.status_code
+    sentence = _server_sentence(response)
+    said = f"{code}: {sentence}" if sentence else (
+        f"{code} {response.reason} with no error message" if response.reason else
+        f"{code} with no error message"
+    )
+    prefix = f"the plan service at {host} answered {said}"
+    if code == 429:
+        retry_after = _retry_after(response.headers.get("Retry-After"))
+        advice = (
+            "the API key sent did not lift the limit; check NEURARCH_API_KEY"
+            if key_sent else "set NEURARCH_API_KEY to an API key to lift the limit"
+        )
+        if retry_after is not None:
+            advice += f", or retry in {retry_after:g} seconds"
+        return PlanRateLimitError(
+            f"{prefix}; {advice}", host=host, status_code=code, server_message=sentence,
+            retry_after=retry_after,
+        )
+    if 300 <= code < 400:
+        location = response.headers.get("Location")
+        where = f" to {location}" if location else ""
+        return PlanStatusError(
+            f"the plan service at {host} answered {code}, a redirect{where}; "
+            "set NEURARCH_API to the address it points at",
+            host=host, status_code=code, server_message=sentence, location=location,
+        )
+    advice = ""
+    if code in (401, 403):
+        advice = "; check NEURARCH_API_KEY" if key_sent else "; set NEURARCH_API_KEY to an API key"
+    return PlanStatusError(prefix + advice, host=host, status_code=code, server_message=sentence)
+
+
+def _retry_after(value: Optional[str]) -> Optional[float]:
+    """``Retry-After`` in seconds; the HTTP-date form is ignored (None)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
+
+
+def _parse_answer(response: requests.Response, *, host: str, share: bool) -> PlanResponse:
+    code = response.status_code
+
+    def malformed(what: str) -> PlanResponseError:
+        return PlanResponseError(
+            f"the plan service at {host} answered {code} {what}", host=host, status_code=code
+        )
+
+    try:
+        body = _decode_json(response)
+    except ValueError as exc:
+        kind = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        what = "an HTML page" if kind == "text/html" else (
+            f"a body that is not JSON ({kind})" if kind else "a body that is not JSON"
+        )
+        raise malformed(f"with {what}; the address may not be a plan service") from exc
+    if not isinstance(body, dict):
+        raise malformed(f"with JSON that is not an object ({type(body).__name__})")
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise malformed('without a card (no string "text" in its JSON)')
+    for name, kind in (("url", str), ("share_error", str), ("plan", dict)):
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise malformed(f'with a "{name}" that is not a{"n object" if kind is dict else " string"}')
+    url = body.get("url") or None
+    share_error = body.get("share_error") or None
+    if share and url is None and share_error is None:
+        share_error = "the service returned no share URL and gave no reason"
+    if share_error is not None:
+        share_error = _one_line(share_error)
+    return PlanResponse(text=text, url=url, share_error=share_error, plan=body.get("plan"), raw=body)

@@ -1,0 +1,233 @@
+"""Turn a target string into a model: ``file.py:Attr``, ``package.module:attr`` or ``hf:<id or folder>``.
+
+``Attr`` may be dotted (``models.ResNet18``) and may name an ``nn.Module`` instance, an
+``nn.Module`` subclass (instantiated with no arguments) or a callable returning one (called with no
+arguments).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from neurarch_trace.errors import TargetError
+
+__all__ = ["LoadedTarget", "load_target", "resolve_attribute", "HF_DEFAULT_INPUT"]
+
+HF_DEFAULT_INPUT = "1,16"
+
+
+@dataclasses.dataclass
+class LoadedTarget:
+    """A built model and what the command line needs to know about where it came from."""
+
+    model: nn.Module
+    name: str
+    kind: str  # "file", "module" or "hf"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0].strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def load_target(target: str, *, device: str = "cpu", weights: bool = False) -> LoadedTarget:
+    """Build the model a target names.
+
+    Args:
+        target: ``path/to/file.py:Attr``, ``pkg.module:attr`` or ``hf:<repo id or local folder>``.
+        device: where to build it (``cpu`` or ``meta``; for ``hf:`` targets the model is built from
+            its config on this device).
+        weights: ``hf:`` only: load the checkpoint's real weights (downloads them for a hub id)
+            instead of building from ``config.json`` alone. Parameter counts are the same.
+
+    Raises:
+        TargetError: an unknown target form, a missing file or attribute, an import that fails, a
+            factory that raises or returns something else than an ``nn.Module``, ``hf:`` without
+            transformers, or an ``hf:`` id that cannot be found.
+    """
+    if target.startswith("hf:"):
+        return _load_hf(target[3:], device=device, weights=weights)
+    if ":" not in target:
+        raise TargetError(
+            f"target {target!r} names no attribute: write path/to/file.py:Model, package.module:Model or hf:<repo-id>"
+        )
+    where, attr = target.rsplit(":", 1)
+    if not where or not attr:
+        raise TargetError(
+            f"target {target!r} is incomplete: write path/to/file.py:Model, package.module:Model or hf:<repo-id>"
+        )
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        module = _import_file(where)
+        kind = "file"
+    else:
+        module = _import_module(where)
+        kind = "module"
+    with _device(device):
+        model = resolve_attribute(module, attr, where=where)
+    return LoadedTarget(model=model, name=attr.rsplit(".", 1)[-1], kind=kind)
+
+
+@contextlib.contextmanager
+def _device(device: str) -> Iterator[None]:
+    if device == "cpu":
+        yield
+        return
+    with torch.device(device):
+        yield
+
+
+def _import_file(path: str) -> Any:
+    if not os.path.exists(path):
+        raise TargetError(f"file {path} does not exist: check the path (it is relative to {os.getcwd()})")
+    if os.path.isdir(path):
+        raise TargetError(f"{path} is a folder: name a .py file, e.g. {path.rstrip('/')}/model.py:Model")
+    abspath = os.path.abspath(path)
+    folder = os.path.dirname(abspath)
+    stem = os.path.splitext(os.path.basename(abspath))[0]
+    mod_name = f"neurarch_target_{abs(hash(abspath)):x}_{stem}" if stem in sys.modules else stem
+    spec = importlib.util.spec_from_file_location(mod_name, abspath)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot import {path}: not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # sibling imports, as `python file.py` would allow
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(mod_name, None)
+        raise TargetError(f"importing {path} failed: SyntaxError at line {exc.lineno}: {exc.msg}") from exc
+    except BaseException as exc:  # noqa: BLE001 - the user's module-level code can raise anything
+        sys.modules.pop(mod_name, None)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise TargetError(f"importing {path} failed: {_one_line(exc)}") from exc
+    return module
+
+
+def _import_module(name: str) -> Any:
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # the working directory first, as `python -m` does
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+            raise TargetError(
+                f"cannot import module {name!r}: no module named {exc.name!r} (run from the folder that holds it, or give a file path)"
+            ) from exc
+        raise TargetError(f"importing {name} failed: {_one_line(exc)}") from exc
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise TargetError(f"importing {name} failed: {_one_line(exc)}") from exc
+
+
+def resolve_attribute(module: Any, attr: str, *, where: str) -> nn.Module:
+    """Follow a dotted ``attr`` from ``module`` and turn what it names into an ``nn.Module``.
+
+    Raises:
+        TargetError: a missing attribute (the message lists what the module offers), or a class or
+            factory that raises or returns something that is not an ``nn.Module``.
+    """
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            offers = _offers(module)
+            hint = f"; it offers {', '.join(offers)}" if offers else ""
+            raise TargetError(f"{where} has no attribute {attr!r}{hint}")
+        obj = getattr(obj, part)
+    return as_module(obj, label=f"{where}:{attr}")
+
+
+def as_module(obj: Any, *, label: str) -> nn.Module:
+    """An ``nn.Module`` instance as is; a subclass instantiated; a factory called (no arguments).
+
+    Raises:
+        TargetError: the class or factory raised, or returned something else.
+    """
+    if isinstance(obj, nn.Module):
+        return obj
+    if inspect.isclass(obj) and not issubclass(obj, nn.Module):
+        raise TargetError(f"{label} is the class {obj.__name__}, which is not a torch.nn.Module subclass")
+    if not callable(obj):
+        raise TargetError(f"{label} is a {type(obj).__name__}, not an nn.Module, a Module class or a factory")
+    what = f"{obj.__name__}()" if hasattr(obj, "__name__") else f"{label}()"
+    try:
+        built = obj()
+    except TypeError as exc:
+        raise TargetError(
+            f"calling {what} failed: {_one_line(exc)} (the target is called with no arguments; point at a factory that takes none)"
+        ) from exc
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise TargetError(f"calling {what} failed: {_one_line(exc)}") from exc
+    if not isinstance(built, nn.Module):
+        raise TargetError(f"{what} returned a {type(built).__name__}, not a torch.nn.Module")
+    return built
+
+
+def _offers(module: Any) -> list[str]:
+    names = []
+    for name, value in sorted(vars(module).items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(value, nn.Module) or (inspect.isclass(value) and issubclass(value, nn.Module)):
+            if getattr(value, "__module__", None) == getattr(module, "__name__", None) or isinstance(value, nn.Module):
+                names.append(name)
+        elif inspect.isfunction(value) and value.__module__ == getattr(module, "__name__", None):
+            names.append(name)
+    return names[:12]
+
+
+def _load_hf(ident: str, *, device: str, weights: bool) -> LoadedTarget:
+    if not ident:
+        raise TargetError("hf: needs a repo id or a local folder, e.g. hf:bert-base-uncased or hf:./my-checkpoint")
+    try:
+        import transformers
+    except ImportError as exc:
+        raise TargetError(
+            "hf: targets need the transformers package: pip install 'neurarch-trace[hf]'"
+        ) from exc
+    local = os.path.isdir(ident)
+    if os.path.exists(ident) and not local:
+        raise TargetError(f"hf:{ident} is a file: give the checkpoint folder that holds config.json")
+    if local and not os.path.exists(os.path.join(ident, "config.json")):
+        raise TargetError(f"hf:{ident} has no config.json: give a folder written by save_pretrained, or a hub repo id")
+    try:
+        config = transformers.AutoConfig.from_pretrained(ident)
+    except OSError as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else "it is neither a local folder nor a repo the hub or the local cache has"
+        raise TargetError(
+            f"cannot find Hugging Face model {ident!r}: {why}; download it first or pass a local folder (hf:./path)"
+        ) from exc
+    except ValueError as exc:
+        raise TargetError(f"hf:{ident}: transformers cannot read its config: {_one_line(exc)}") from exc
+    if hasattr(config, "use_cache"):
+        config.use_cache = False  # a trace needs no key/value cache
+    try:
+        if weights:
+            model = transformers.AutoModel.from_pretrained(ident, config=config)
+            if device != "cpu":
+                model = model.to(device)
+        else:
+            with _device(device):
+                model = transformers.AutoModel.from_config(config)
+    except OSError as exc:
+        raise TargetError(f"cannot load the weights of Hugging Face model {ident!r}: {_one_line(exc)}") from exc
+    except (ValueError, KeyError, ImportError) as exc:
+        raise TargetError(f"transformers cannot build hf:{ident}: {_one_line(exc)}") from exc
+    name = os.path.basename(os.path.normpath(ident)) if local else ident.rstrip("/").split("/")[-1]
+    return LoadedTarget(model=model, name=name, kind="hf")
