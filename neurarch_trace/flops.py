@@ -12,6 +12,11 @@ Where the counter reports nothing or too little on the CPU, this module adds for
   ``4·B·H·Lq·Lk·E``; the causal mask is ignored, as the counter ignores it for the CUDA kernels).
 * Recurrent layers (nn.LSTM/GRU/RNN), whose CPU kernels (``mkldnn_rnn_layer``) have no formula:
   :func:`rnn_flops`.
+* Composite operations that reach the dispatcher undecomposed when autograd is off (under
+  ``torch.inference_mode()``): ``aten.linear``, ``aten.matmul``, ``aten.conv*d``,
+  ``aten.scaled_dot_product_attention``, with the same formulas as their decompositions.
+* Complex-valued matrix products count 4x: one complex multiply-add is 4 real multiplies and 4 real
+  adds (8 FLOPs against 2).
 * Dynamically quantized linear layers (``quantized::linear_dynamic``): :func:`linear_flops` from
   the unpacked weight's shape.
 
@@ -58,6 +63,42 @@ def _addbmm_flops(bias: Any, b1: Any, b2: Any, *args: Any, out_val: Any = None, 
     return 2 * batch * m * k * int(b2.shape[-1])
 
 
+def _linear_flops(x: Any, weight: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    # aten.linear reaches the dispatcher undecomposed under inference_mode: x @ weight.T
+    out_features, in_features = int(weight.shape[0]), int(weight.shape[-1])
+    rows = int(x.numel()) // in_features if in_features else 0
+    return 2 * rows * in_features * out_features
+
+
+def _matmul_flops(a: Any, b: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    # every output element is a dot product over a's last dim
+    k = int(a.shape[-1])
+    out_numel = int(out_val.numel()) if isinstance(out_val, torch.Tensor) else 0
+    return 2 * out_numel * k
+
+
+def _conv_flops(x: Any, weight: Any, *args: Any, out_val: Any = None, transposed: bool = False, **kwargs: Any) -> int:
+    return int(_fc.conv_flop_count(list(x.shape), list(weight.shape), list(out_val.shape), transposed=transposed))
+
+
+def _conv_transpose_flops(x: Any, weight: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return _conv_flops(x, weight, out_val=out_val, transposed=True)
+
+
+def _sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return int(_fc.sdpa_flop_count(tuple(query.shape), tuple(key.shape), tuple(value.shape)))
+
+
+# Composite ops that reach a dispatch mode undecomposed when autograd is off (inference_mode).
+for _name, _formula in (("linear", _linear_flops), ("matmul", _matmul_flops),
+                        ("conv1d", _conv_flops), ("conv2d", _conv_flops), ("conv3d", _conv_flops),
+                        ("conv_transpose1d", _conv_transpose_flops),
+                        ("conv_transpose2d", _conv_transpose_flops),
+                        ("conv_transpose3d", _conv_transpose_flops),
+                        ("scaled_dot_product_attention", _sdpa_flops)):
+    if hasattr(_aten, _name):
+        _EXTRA[getattr(_aten, _name)] = _formula
+
 for _name, _formula in (("dot", _vector_flops), ("vdot", _vector_flops), ("mv", _vector_flops),
                         ("addmv", _addmv_flops), ("addbmm", _addbmm_flops)):
     if hasattr(_aten, _name):
@@ -76,6 +117,8 @@ _FREE_NAMESPACES = ("aten", "prim", "prims")
 NODE_FORMULA_OPS = frozenset(
     {
         "aten.mkldnn_rnn_layer",
+        "aten.quantized_lstm",
+        "aten.quantized_gru",
         "aten.lstm",
         "aten.gru",
         "aten.rnn_tanh",
@@ -106,7 +149,10 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
     packet = func._overloadpacket
     formula = _fc.flop_registry.get(packet) or _EXTRA.get(packet)
     if formula is not None:
-        return int(formula(*args, **kwargs, out_val=out))
+        flops = int(formula(*args, **kwargs, out_val=out))
+        if isinstance(out, torch.Tensor) and out.is_complex():
+            flops *= 4  # a complex multiply-add is 4 real multiplies and 4 real adds
+        return flops
     namespace = getattr(func, "namespace", "aten")
     if _is_costly(str(packet), namespace):
         return None

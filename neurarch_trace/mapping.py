@@ -308,7 +308,7 @@ _NAMED_TABLE: dict[str, Callable[[Any], Spec]] = {
     "RMSNorm": _rms_norm,
 }
 
-# Modules that are one node even though they own children.
+# Modules that are one node even though they own children (besides every class the table knows).
 _WHOLE: tuple[type, ...] = (nn.MultiheadAttention, nn.RNNBase)
 
 
@@ -329,8 +329,9 @@ def _lookup(mod: nn.Module) -> Callable[[Any], Spec] | None:
 
 
 def is_whole_layer(mod: nn.Module) -> bool:
-    """A module the table knows that is one node even when it has children (nn.MultiheadAttention)."""
-    return isinstance(mod, _WHOLE)
+    """A module the table knows: one node even when it has children (nn.MultiheadAttention, a
+    quantized Linear holding its packed parameters in a child)."""
+    return isinstance(mod, _WHOLE) or _lookup(mod) is not None
 
 
 def is_passthrough(mod: nn.Module) -> bool:

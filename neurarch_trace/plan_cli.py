@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from neurarch_trace.errors import NeurarchError
 from neurarch_trace.graph import graph_summary, read_graph
@@ -153,8 +153,16 @@ def run_plan(
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a usage error as one line and exit code 1, as the trace command does, so that
+    exit 2 keeps meaning "blocked" under --fail-on-block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(1, f"{PROG}: {message} (see {self.prog} --help)\n")
+
+
 def _plan_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=f"{PROG} plan",
         description="Re-plan a saved .neurarch.json graph without tracing again: send it to the plan "
         "service (NEURARCH_API, default www.neurarch.com) and print the card it returns.",
@@ -173,7 +181,7 @@ def plan_main(argv: list[str]) -> int:
     """``neurarch-trace plan FILE [--share] [--base FILE] [--fail-on-block] [--verbose]``.
 
     ``argv`` is what follows ``plan``. Returns the exit code (0, 1 or 2, as :func:`run_plan`; a
-    usage error exits 2 through argparse). The graph and the ``--base`` file are read and checked
+    usage error prints one line and exits 1). The graph and the ``--base`` file are read and checked
     before anything is sent.
     """
     args = _plan_parser().parse_args(argv)

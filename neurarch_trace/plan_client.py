@@ -213,12 +213,13 @@ def check_api(api: Optional[str] = None) -> str:
     Raises:
         PlanError: the address is not an ``http://`` or ``https://`` URL with a host.
     """
+    typed = api.strip() if api is not None else os.environ.get("NEURARCH_API", "").strip()
     base_url = api.strip().rstrip("/") if api is not None else api_base()
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         source = "the plan service address" if api is not None else "NEURARCH_API"
         raise PlanError(
-            f"{source} {base_url!r} is not an http(s) URL; "
+            f"{source} {typed!r} is not an http(s) URL; "
             f"set NEURARCH_API to one such as {DEFAULT_API}, or unset it"
         )
     return base_url

@@ -140,7 +140,7 @@ class _FlowMode(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         tracer = self._tracer
-        if tracer.inside_layer:
+        if tracer.inside_layer or tracer.paused:
             return out
         return tracer.on_function(func, args, kwargs, out)
 
@@ -152,6 +152,8 @@ class _Tracer:
         self.batch_size = batch_size
         self.nodes: list[_Node] = []
         self.inside_layer = 0  # > 0 while a layer's forward runs
+        self.paused = False  # True while the tracer's own bookkeeping runs tensor operations
+        self._batch_learned = False
         self._stack: list[tuple[str, Any]] = []  # ("scope", qualname) | ("layer", node) | ("skip", None)
         self._prov: dict[int, tuple[weakref.ref, frozenset]] = {}
         self._sink: _Node | None = None
@@ -263,7 +265,11 @@ class _Tracer:
             self._stack.append(("scope", qual))
             self._scope_modules.append(module)
             return
-        node = self._new_layer(module, qual, args, kwargs)
+        self.paused = True
+        try:
+            node = self._new_layer(module, qual, args, kwargs)
+        finally:
+            self.paused = False
         self._stack.append(("layer", node))
         self.inside_layer += 1
         self._sink = node
@@ -278,7 +284,11 @@ class _Tracer:
         node: _Node = value
         self.inside_layer -= 1
         self._sink = None
-        self._finish_layer(node, module, args, kwargs, output)
+        self.paused = True
+        try:
+            self._finish_layer(node, module, args, kwargs, output)
+        finally:
+            self.paused = False
 
     def _new_layer(self, module: nn.Module, qual: str, args: tuple, kwargs: dict) -> _Node:
         node = _Node(index=len(self.nodes), type="customModule", module=module, qualname=qual)
@@ -317,9 +327,11 @@ class _Tracer:
             self._maybe_lm_head(node, module)
         tensors = list(_iter_tensors(args)) + list(_iter_tensors(kwargs))
         for i, t in enumerate(tensors):
-            self._take_sources(node, self.prov_of(t))
+            prov = self.prov_of(t)
+            self._take_sources(node, prov)
             if i == 0:
                 node.input_shape = self.batchless(t, module, 0, is_output=False)
+                self.learn_batch(getattr(module, "_neurarch_inner", module), t, prov)
         return node
 
     def _maybe_lm_head(self, node: _Node, module: nn.Module) -> None:
@@ -368,7 +380,7 @@ class _Tracer:
         """Replace the dispatch count where the CPU kernels have no formula (see flops.py)."""
         target = getattr(module, "_neurarch_inner", module)
         covered = {op for op in node.uncounted if op in NODE_FORMULA_OPS}
-        if isinstance(target, nn.RNNBase):
+        if _is_recurrent(target):
             x = next(_iter_tensors(args), None)
             if x is not None and x.dim() >= 2:
                 if x.dim() == 3:
@@ -432,6 +444,8 @@ class _Tracer:
         return node
 
     def on_flops(self, flops: int | None, op: str) -> None:
+        if self.paused:
+            return
         sink = self._sink
         if flops is None:
             (sink.uncounted if sink is not None else self.functional_uncounted).add(op)
@@ -441,35 +455,59 @@ class _Tracer:
             self.functional_flops += flops
 
     # --- shapes -----------------------------------------------------------------------------
-    def batchless(self, t: torch.Tensor, module: nn.Module | None, index: int, *, is_output: bool) -> list[int]:
-        """The tensor's shape with its batch axis removed.
+    def batchless(self, t: torch.Tensor, module: nn.Module | None, index: int, *, is_output: bool) -> "_RawShape":
+        """The tensor's full shape and, when a known layer says so, its batch axis; the batch is
+        stripped when the graph is built (:func:`_strip`), once the batch size is settled."""
+        shape = tuple(int(d) for d in t.shape)
+        return _RawShape(shape, _known_batch_axis(module, index, len(shape), is_output) if shape else None)
 
-        Known sequence-first layers say where the batch is (nn.RNNBase: axis 1 for the sequence
-        unless ``batch_first``, axis 1 always for ``h_n``/``c_n``; nn.MultiheadAttention and
-        nn.Transformer* with ``batch_first=False``: axis 1). Otherwise the batch is axis 0 when it
-        has the batch size (or 1, a broadcast batch), else the first axis of the batch size.
-        """
-        shape = [int(d) for d in t.shape]
-        if not shape:
-            return []
-        axis = _known_batch_axis(module, index, t.dim(), is_output)
-        if axis is None:
-            if shape[0] in (self.batch_size, 1):
-                axis = 0
-            elif self.batch_size in shape:
-                axis = shape.index(self.batch_size)
-            else:
-                axis = 0
-        if axis < 0:  # unbatched input to a recurrent layer
-            return shape
-        return shape[:axis] + shape[axis + 1:]
+    def learn_batch(self, module: nn.Module, t: torch.Tensor, prov: frozenset) -> None:
+        """A sequence-first layer fed straight from a model input tells the true batch size:
+        ``--input`` is read batch first, but a sequence-first model is called with ``(L, N, E)``."""
+        if self._batch_learned or t.dim() != 3:
+            return
+        axis = _known_batch_axis(module, 0, 3, False)
+        if axis != 1 or not any(isinstance(k, int) and self.nodes[k].type == "input" for k in prov):
+            return
+        self._batch_learned = True
+        self.batch_size = int(t.shape[1])
+
+
+class _RawShape(tuple):
+    """``(shape, batch_axis)``: ``batch_axis`` None lets :func:`_strip` find the batch."""
+
+    def __new__(cls, shape: tuple, axis: int | None) -> "_RawShape":
+        return super().__new__(cls, (shape, axis))
+
+
+def _strip(raw: "_RawShape | None", batch_size: int) -> list[int]:
+    """The shape without its batch axis.
+
+    Known sequence-first layers say where the batch is (nn.RNNBase: axis 1 for the sequence unless
+    ``batch_first``, axis 1 always for ``h_n``/``c_n``; nn.MultiheadAttention and nn.Transformer*
+    with ``batch_first=False``: axis 1; -1 for an unbatched input). Otherwise the batch is the first
+    axis of the batch size; a tensor with no such axis (position ids, a table computed from
+    parameters) has no batch and keeps its whole shape.
+    """
+    if raw is None:
+        return []
+    shape, axis = raw
+    if not shape:
+        return []
+    if axis is None:
+        if batch_size not in shape:
+            return list(shape)
+        axis = shape.index(batch_size)
+    if axis < 0 or axis >= len(shape):
+        return list(shape)
+    return list(shape[:axis] + shape[axis + 1:])
 
 
 def _known_batch_axis(module: nn.Module | None, index: int, ndim: int, is_output: bool) -> int | None:
     if module is None:
         return None
     target = getattr(module, "_neurarch_inner", module)
-    if isinstance(target, nn.RNNBase):
+    if _is_recurrent(target):
         if index == 0:
             if ndim == 2:
                 return -1
@@ -484,6 +522,15 @@ def _known_batch_axis(module: nn.Module | None, index: int, ndim: int, is_output
         if ndim == 3:
             return 0 if batch_first else 1
     return None
+
+
+def _is_recurrent(module: nn.Module) -> bool:
+    """nn.LSTM/GRU/RNN, and their quantized versions (which do not subclass nn.RNNBase)."""
+    if isinstance(module, nn.RNNBase):
+        return True
+    return type(module).__module__.startswith("torch.ao.nn.quantized") and all(
+        hasattr(module, attr) for attr in ("mode", "hidden_size", "num_layers", "bidirectional", "batch_first")
+    )
 
 
 def _count_unique(module: nn.Module) -> int:
@@ -511,14 +558,12 @@ def _packed_param_count(module: nn.Module) -> int:
                     total += b.numel()
             except Exception:  # noqa: BLE001 - an unusual packed layout: leave it out
                 pass
-        elif isinstance(sub, nn.RNNBase) and type(sub).__module__.startswith("torch.ao.nn.quantized"):
-            for packed in getattr(sub, "_all_weight_values", []):
-                try:
-                    state = packed.param.__getstate__()
-                    tensors = [x for x in _iter_tensors(state)]
-                    total += sum(x.numel() for x in tensors)
-                except Exception:  # noqa: BLE001
-                    pass
+        elif _is_recurrent(sub) and type(sub).__module__.startswith("torch.ao.nn.quantized"):
+            try:
+                parts = list(sub.get_weight().values()) + list(sub.get_bias().values())
+                total += sum(x.numel() for x in parts if isinstance(x, torch.Tensor))
+            except Exception:  # noqa: BLE001 - an unusual packed layout: leave it out
+                pass
     return total
 
 
@@ -644,9 +689,7 @@ def trace_model(
         node = _Node(index=len(tracer.nodes), type="input")
         tracer.nodes.append(node)
         node.name = tracer.unique_name(input_name)
-        shape = tracer.batchless(t, None, 0, is_output=False) if t.dim() else []
-        node.params = {"shape": shape}
-        node.output_shapes = [shape]
+        node.output_shapes = [tracer.batchless(t, None, 0, is_output=False)]
         node.output_dtype = dtype_name(t.dtype)
         node.output_bytes = t.numel() * t.element_size()
         node.extra = {"shape": [int(d) for d in t.shape], "dtype": dtype_name(t.dtype)}
@@ -678,6 +721,11 @@ def trace_model(
             output = model(*args, **kwargs)
     except Exception as exc:
         where = _where(tracer)
+        if _on_meta(model, args, kwargs) and _needs_values(exc):
+            raise TraceError(
+                f"the forward pass needs real tensor values, which the meta device does not have, {where} "
+                f"({_one_line(exc)}): trace on the CPU instead (--device cpu)"
+            ) from exc
         raise TraceError(f"the forward pass failed {where}: {_one_line(exc)}") from exc
     finally:
         for handle in handles:
@@ -689,9 +737,21 @@ def trace_model(
     return _build_graph(tracer, graph_name, output, named_inputs, description, input_count)
 
 
+def _on_meta(model: nn.Module, args: tuple, kwargs: dict) -> bool:
+    tensors = list(_iter_tensors(args)) + list(_iter_tensors(kwargs))
+    return any(t.is_meta for t in tensors) or any(p.is_meta for p in model.parameters())
+
+
+def _needs_values(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "meta" in text or "data-dependent" in text or "item()" in text
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     first = text.splitlines()[0].strip()
+    if len(first) > 160 and ". " in first:
+        first = first.split(". ", 1)[0] + "."
     return f"{type(exc).__name__}: {first}"
 
 
@@ -701,11 +761,15 @@ def _where(tracer: _Tracer) -> str:
     if running:
         node = running[-1]
         cls = type(node.module).__name__ if node.module is not None else node.type
-        return f"in layer {node.name!r} ({cls}) after {len(layers) - 1} layers"
+        return f"in layer {node.name!r} ({cls}) after {_plural(len(layers) - 1, 'layer')}"
     scope = tracer._current_scope()
     if scope:
-        return f"in {scope!r} after {len(layers)} layers"
-    return f"after {len(layers)} layers"
+        return f"in {scope!r} after {_plural(len(layers), 'layer')}"
+    return f"after {_plural(len(layers), 'layer')}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _build_graph(tracer: _Tracer, graph_name: str, output: Any, named_inputs: list, description: str | None, input_count: int) -> dict:
@@ -726,6 +790,13 @@ def _build_graph(tracer: _Tracer, graph_name: str, output: Any, named_inputs: li
         out_node.input_shape = tracer.batchless(outs[0], None, 0, is_output=True)
         out_node.output_shapes = [tracer.batchless(t, None, 0, is_output=True) for t in outs]
     nodes.append(out_node)
+
+    batch = tracer.batch_size
+    for node in nodes:
+        node.input_shape = _strip(node.input_shape, batch) if node.input_shape is not None else None
+        node.output_shapes = [_strip(raw, batch) for raw in node.output_shapes]
+        if node.type == "input":
+            node.params = {"shape": node.output_shapes[0]}
 
     ids = [f"n{n.index}" for n in nodes]
     edges: list[tuple[int, int]] = []

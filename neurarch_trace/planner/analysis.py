@@ -1,0 +1,48 @@
+"""Everything the plan derives from one graph alone, before a card or a base is chosen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+from neurarch_trace.planner.counts import Counts, count
+from neurarch_trace.planner.graph import Graph, read_graph
+from neurarch_trace.planner.lint import lint
+from neurarch_trace.planner.memory import MemoryModel, memory_model
+from neurarch_trace.planner.verify import Issue, verify
+from neurarch_trace.planner.workload import Workload, workload
+
+__all__ = ["Analysis", "analyse"]
+
+
+@dataclass
+class Analysis:
+    """A graph with its counts, workload, memory model, blockers and warnings."""
+
+    graph: Graph
+    counts: Counts
+    work: Workload
+    memory: MemoryModel
+    blockers: List[Issue]
+    warnings: List[Issue]
+
+    @property
+    def flops_per_sample(self) -> float:
+        """Forward FLOPs of one sample at the sized input (scaled for a resized token model)."""
+        return self.counts.flops * self.work.scale
+
+
+def analyse(doc: Any, *, what: str = "model", seq_len: Optional[int] = None,
+            attention: Optional[str] = None) -> Analysis:
+    """Read, verify, count and size ``doc``; raises ``GraphError`` when it is not a graph."""
+    graph = read_graph(doc, what=what)
+    counts = count(graph)
+    work = workload(graph, seq_len)
+    return Analysis(
+        graph=graph,
+        counts=counts,
+        work=work,
+        memory=memory_model(graph, counts, work, attention),
+        blockers=verify(graph),
+        warnings=lint(graph, counts),
+    )

@@ -1,0 +1,97 @@
+"""Training cost: time and dollars for a unit of training on one card.
+
+::
+
+    train FLOPs = BACKWARD_FACTOR x forward FLOPs per sample x samples
+    seconds     = train FLOPs / (peak dense 16-bit TFLOPS x 10^12 x MFU)
+    dollars     = seconds / 3600 x USD per GPU-hour
+
+The unit of training follows the input (:mod:`neurarch_trace.planner.workload`): an epoch of
+ImageNet-1k for images of 64 px and up, an epoch of CIFAR-10 for smaller images, a billion tokens
+for token inputs, a million samples otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from neurarch_trace.planner.gpus import Gpu
+from neurarch_trace.planner.workload import Workload
+
+__all__ = [
+    "BACKWARD_FACTOR",
+    "CIFAR10_TRAIN_IMAGES",
+    "IMAGENET_1K_TRAIN_IMAGES",
+    "IMAGENET_MIN_PX",
+    "MFU",
+    "TrainingCost",
+    "Unit",
+    "training_cost",
+    "training_unit",
+]
+
+#: Forward + backward = 3 x forward FLOPs: the backward of a matmul or conv computes the gradients
+#: of both its input and its weights, two products the size of the forward one (Kaplan et al.
+#: 2020, "Scaling Laws for Neural Language Models", section 2.1: C = 6N per token = 3 x 2N).
+BACKWARD_FACTOR = 3
+#: Model-FLOPs utilisation assumed on every card: the fraction of the datasheet peak a training
+#: step sustains. PaLM (Chowdhery et al. 2022, table 3) reports 46.2% for a 540B model tuned at
+#: scale; a single-GPU PyTorch job rarely does better, so 40% is the plan's stated assumption.
+MFU = 0.40
+#: ILSVRC-2012 training set (Russakovsky et al. 2015, "ImageNet Large Scale Visual Recognition
+#: Challenge", table 2): 1,281,167 images.
+IMAGENET_1K_TRAIN_IMAGES = 1_281_167
+#: CIFAR-10 training set (Krizhevsky 2009, "Learning Multiple Layers of Features from Tiny
+#: Images"): 50,000 images.
+CIFAR10_TRAIN_IMAGES = 50_000
+#: Smallest image side, in pixels, quoted against ImageNet-1k rather than CIFAR-10 (the issue's
+#: rule: "images of 64 px and up"; downsampled ImageNet variants start at 64 x 64).
+IMAGENET_MIN_PX = 64
+#: Units for token and other inputs.
+TOKENS_PER_UNIT = 1_000_000_000
+SAMPLES_PER_UNIT = 1_000_000
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What a cost is quoted per: ``key`` (machine-readable), ``phrase`` (how the card says it)
+    and ``samples`` (samples it takes; fractional for tokens when seq_len does not divide 10^9)."""
+
+    key: str
+    phrase: str
+    samples: float
+
+
+@dataclass(frozen=True)
+class TrainingCost:
+    """``flops`` to train one unit, ``seconds`` on ``gpu`` at :data:`MFU`, and ``usd``."""
+
+    unit: Unit
+    gpu: Gpu
+    flops: float
+    seconds: float
+    usd: float
+    mfu: float
+
+
+def training_unit(work: Workload) -> Unit:
+    """The unit a cost is quoted per for this workload."""
+    px = work.image_px
+    if px is not None and px >= IMAGENET_MIN_PX:
+        return Unit("imagenet-1k-epoch", "per epoch of ImageNet-1k", float(IMAGENET_1K_TRAIN_IMAGES))
+    if px is not None:
+        return Unit("cifar-10-epoch", "per epoch of CIFAR-10", float(CIFAR10_TRAIN_IMAGES))
+    if work.kind == "tokens" and work.seq_len:
+        return Unit("billion-tokens", "per billion tokens", TOKENS_PER_UNIT / work.seq_len)
+    return Unit("million-samples", "per million samples", float(SAMPLES_PER_UNIT))
+
+
+def training_cost(flops_per_sample: float, unit: Unit, gpu: Optional[Gpu], mfu: float = MFU) -> Optional[TrainingCost]:
+    """The cost of one ``unit`` of training on ``gpu``; ``None`` without a card."""
+    if gpu is None:
+        return None
+    flops = BACKWARD_FACTOR * flops_per_sample * unit.samples
+    seconds = flops / (gpu.peak_tflops * 1e12 * mfu)
+    return TrainingCost(unit=unit, gpu=gpu, flops=flops, seconds=seconds,
+                        usd=seconds / 3600 * gpu.usd_per_hour, mfu=mfu)

@@ -1,0 +1,71 @@
+"""The diff of a design against its base: numbers compared like for like, layers matched by name.
+
+Both graphs are sized on the same terms, the new design's: the same batch (the new design's GPU
+fit batch, batch 1 when nothing fits) and, for cost, the same card and the same unit of training.
+So a delta is what the change itself costs, not a different card or batch being chosen.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from neurarch_trace.planner.analysis import Analysis
+from neurarch_trace.planner.cost import Unit, training_cost
+from neurarch_trace.planner.fit import Fit
+from neurarch_trace.planner.graph import Graph, Node
+
+__all__ = ["diff", "layer_changes"]
+
+
+def _signature(node: Node) -> Dict[str, Any]:
+    return {
+        "type": node.type,
+        "params": dict(node.params),
+        "inputShape": list(node.input_shape) if node.input_shape else None,
+        "outputShape": list(node.output_shape) if node.output_shape else None,
+    }
+
+
+def layer_changes(new: Graph, base: Graph) -> Dict[str, List[Any]]:
+    """Components added, removed and changed (type, params or shapes), matched by name."""
+    new_by_name: Dict[str, Node] = {}
+    base_by_name: Dict[str, Node] = {}
+    for node in new.nodes:
+        new_by_name.setdefault(node.name, node)
+    for node in base.nodes:
+        base_by_name.setdefault(node.name, node)
+    added = [name for name in new_by_name if name not in base_by_name]
+    removed = [name for name in base_by_name if name not in new_by_name]
+    changed = []
+    for name, node in new_by_name.items():
+        if name not in base_by_name:
+            continue
+        before, after = _signature(base_by_name[name]), _signature(node)
+        fields = [key for key in after if after[key] != before[key]]
+        if fields:
+            changed.append({"name": name, "fields": fields})
+    return {"added": added, "removed": removed, "changed": changed}
+
+
+def _delta(base: float, new: float) -> Dict[str, float]:
+    return {"base": base, "new": new, "delta": new - base}
+
+
+def diff(new: Analysis, base: Analysis, fit: Fit, unit: Unit) -> Dict[str, Any]:
+    """The ``plan.diff`` object (numbers unrounded; GB are 10^9 bytes, USD per ``unit``)."""
+    batch = fit.batch
+    new_cost = training_cost(new.flops_per_sample, unit, fit.gpu)
+    base_cost = training_cost(base.flops_per_sample, unit, fit.gpu)
+    cost: Optional[Dict[str, Any]] = None
+    if new_cost is not None and base_cost is not None:
+        cost = {**_delta(base_cost.usd, new_cost.usd), "unit": unit.key, "per": unit.phrase,
+                "gpu": fit.gpu.id if fit.gpu else None}
+    return {
+        "baseName": base.graph.name,
+        "params": _delta(base.counts.params, new.counts.params),
+        "flops": _delta(base.flops_per_sample, new.flops_per_sample),
+        "peakGb": {**_delta(base.memory.peak_bytes(batch) / 1e9, new.memory.peak_bytes(batch) / 1e9), "batch": batch},
+        "costUsd": cost,
+        "layers": layer_changes(new.graph, base.graph),
+        "baseBlockers": len(base.blockers),
+    }
