@@ -95,7 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return plan_cli.plan_main(args_list[1:])
     parser = build_parser()
-    args = parser.parse_args(args_list)
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed as one line
+        return int(exc.code or 0)
     try:
         return _trace_command(args)
     except NeurarchError as exc:
@@ -117,7 +120,9 @@ def _trace_command(args: argparse.Namespace) -> int:
     from neurarch_trace.errors import TargetError
     from neurarch_trace.inputs import parse_dtype, parse_input
     from neurarch_trace.progress import Progress
+    from neurarch_trace.targets import check_target_form
 
+    check_target_form(args.target)
     is_hf = args.target.startswith("hf:")
     to_stdout = args.output == "-"
     plan_cli = _plan_cli()

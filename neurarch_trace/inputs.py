@@ -88,7 +88,7 @@ def parse_input(text: str) -> InputSpec:
     if ":" in body:
         body, dtype_text = body.rsplit(":", 1)
         dtype = parse_dtype(dtype_text)
-    dims_text = [d.strip() for d in body.replace("x", ",").split(",")]
+    dims_text = [d.strip() for d in body.split(",")]
     if not body.strip() or any(not d for d in dims_text):
         raise InputSpecError(f"--input {text!r} has no dimensions: write the shape batch first, e.g. 1,3,224,224")
     dims = []

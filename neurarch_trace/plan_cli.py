@@ -185,6 +185,19 @@ def plan_main(argv: list[str]) -> int:
     before anything is sent.
     """
     args = _plan_parser().parse_args(argv)
+    try:
+        return _plan_command(args)
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a fault of ours: one line, traceback with --verbose
+        if args.verbose:
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        _error(f"internal error: {type(exc).__name__}: {exc} (run again with --verbose and report it)")
+        return 1
+
+
+def _plan_command(args: argparse.Namespace) -> int:
     args.plan = True
     args.output = None
     try:

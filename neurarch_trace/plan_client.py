@@ -345,11 +345,10 @@ def _post(
 ) -> requests.Response:
     """The one boundary where ``requests`` exceptions become :class:`PlanError` subclasses."""
     try:
-        response = requests.post(
+        # Not streamed: the whole body is read inside this call, so a stall in it lands here too.
+        return requests.post(
             url, data=payload, headers=headers, timeout=timeout, allow_redirects=False
         )
-        response.content  # read the whole body here, so a stall in it is a timeout here too
-        return response
     except requests.exceptions.ConnectTimeout as exc:  # before ConnectionError: it is both
         raise PlanTimeoutError(
             f"could not connect to the plan service at {host} within {timeout:g} seconds",

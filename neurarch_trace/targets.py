@@ -55,17 +55,10 @@ def load_target(target: str, *, device: str = "cpu", weights: bool = False) -> L
             factory that raises or returns something else than an ``nn.Module``, ``hf:`` without
             transformers, or an ``hf:`` id that cannot be found.
     """
+    check_target_form(target)
     if target.startswith("hf:"):
         return _load_hf(target[3:], device=device, weights=weights)
-    if ":" not in target:
-        raise TargetError(
-            f"target {target!r} names no attribute: write path/to/file.py:Model, package.module:Model or hf:<repo-id>"
-        )
     where, attr = target.rsplit(":", 1)
-    if not where or not attr:
-        raise TargetError(
-            f"target {target!r} is incomplete: write path/to/file.py:Model, package.module:Model or hf:<repo-id>"
-        )
     if where.endswith(".py") or os.sep in where or "/" in where:
         module = _import_file(where)
         kind = "file"
@@ -75,6 +68,23 @@ def load_target(target: str, *, device: str = "cpu", weights: bool = False) -> L
     with _device(device):
         model = resolve_attribute(module, attr, where=where)
     return LoadedTarget(model=model, name=attr.rsplit(".", 1)[-1], kind=kind)
+
+
+def check_target_form(target: str) -> None:
+    """Raise :class:`TargetError` unless ``target`` has one of the three forms (nothing is imported)."""
+    if target.startswith("hf:"):
+        if not target[3:]:
+            raise TargetError("hf: needs a repo id or a local folder, e.g. hf:bert-base-uncased or hf:./my-checkpoint")
+        return
+    if ":" not in target:
+        raise TargetError(
+            f"target {target!r} names no attribute: write path/to/file.py:Model, package.module:Model or hf:<repo-id>"
+        )
+    where, attr = target.rsplit(":", 1)
+    if not where or not attr:
+        raise TargetError(
+            f"target {target!r} is incomplete: write path/to/file.py:Model, package.module:Model or hf:<repo-id>"
+        )
 
 
 @contextlib.contextmanager

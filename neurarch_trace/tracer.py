@@ -688,7 +688,7 @@ def trace_model(
     for input_name, t in tensors:
         node = _Node(index=len(tracer.nodes), type="input")
         tracer.nodes.append(node)
-        node.name = tracer.unique_name(input_name)
+        node.name = input_name  # made unique against layer names once the trace is done
         node.output_shapes = [tracer.batchless(t, None, 0, is_output=False)]
         node.output_dtype = dtype_name(t.dtype)
         node.output_bytes = t.numel() * t.element_size()
@@ -726,7 +726,11 @@ def trace_model(
                 f"the forward pass needs real tensor values, which the meta device does not have, {where} "
                 f"({_one_line(exc)}): trace on the CPU instead (--device cpu)"
             ) from exc
-        raise TraceError(f"the forward pass failed {where}: {_one_line(exc)}") from exc
+        shown = ", ".join(f"{n} {_shape_text(t)}" for n, t in tensors)
+        raise TraceError(
+            f"the forward pass failed {where} with inputs {shown}: {_one_line(exc)}; "
+            "check the input shapes and dtypes against what the model's forward expects"
+        ) from exc
     finally:
         for handle in handles:
             handle.remove()
@@ -768,6 +772,10 @@ def _where(tracer: _Tracer) -> str:
     return f"after {_plural(len(layers), 'layer')}"
 
 
+def _shape_text(t: torch.Tensor) -> str:
+    return f"{'x'.join(str(int(d)) for d in t.shape) or 'scalar'} {dtype_name(t.dtype)}"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -791,6 +799,9 @@ def _build_graph(tracer: _Tracer, graph_name: str, output: Any, named_inputs: li
         out_node.output_shapes = [tracer.batchless(t, None, 0, is_output=True) for t in outs]
     nodes.append(out_node)
 
+    for node in nodes[:input_count]:  # a layer keeps its module path; a clashing input is renamed
+        base = node.name if node.name not in tracer._names else f"input:{node.name}"
+        node.name = tracer.unique_name(base)
     batch = tracer.batch_size
     for node in nodes:
         node.input_shape = _strip(node.input_shape, batch) if node.input_shape is not None else None

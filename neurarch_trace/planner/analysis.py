@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Union
 
 from neurarch_trace.planner.counts import Counts, count
 from neurarch_trace.planner.graph import Graph, read_graph
@@ -27,8 +27,10 @@ class Analysis:
     warnings: List[Issue]
 
     @property
-    def flops_per_sample(self) -> float:
+    def flops_per_sample(self) -> Union[int, float]:
         """Forward FLOPs of one sample at the sized input (scaled for a resized token model)."""
+        if self.work.scale == 1.0:
+            return self.counts.flops
         return self.counts.flops * self.work.scale
 
 

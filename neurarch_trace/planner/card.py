@@ -88,7 +88,7 @@ def _summary(model: Mapping[str, Any]) -> List[str]:
     params_est = model["paramsSource"] != "measured"
     flops_est = model["flopsSource"] != "measured"
     if params_est and flops_est:
-        lines.append(_line("(estimated from params and shapes: the graph has no measured totals)"))
+        lines.append(_line("(estimated from layer params and shapes: no measured totals)"))
     elif params_est:
         lines.append(_line("(params estimated from layer params: no measured total)"))
     elif flops_est:
@@ -111,12 +111,13 @@ def _fit_rows(fit: Mapping[str, Any]) -> List[str]:
 
 
 def _cost_rows(model: Mapping[str, Any], training: Optional[Mapping[str, Any]]) -> List[str]:
-    if training is None:
-        return _row("Training cost", "n/a: no single card holds a training step")
     if model["flops"] == 0 and not model["flopsComplete"]:
         return _row("Training cost", "unknown: no layer's FLOPs could be counted")
+    if training is None:
+        return _row("Training cost", "n/a: no single card holds a training step")
     gpu = training["gpu"]
-    value = f"~{units.usd(training['usd'])} {training['per']} on {_article(gpu)} {gpu}"
+    price = units.usd(training["usd"])
+    value = f"{price if price.startswith('<') else '~' + price} {training['per']} on {_article(gpu)} {gpu}"
     detail = (f"{units.duration(training['seconds'])} at {training['mfu']:.0%} of "
               f"{training['peakTflops']:g} TFLOPS {training['precision']}, "
               f"${training['usdPerHour']:.2f}/h")

@@ -251,14 +251,19 @@ def _recurrent(node: Node, gates: int) -> Estimate:
     bias = _flag(p, "bias", True)
     # Sequence length: the first dim of a batch_first [T, I] input; an unsequenced input is T = 1.
     steps = node.input_shape[0] if node.input_shape and len(node.input_shape) >= 2 else 1
-    params = flops = 0
-    layer_in = inp
-    for _ in range(layers):
+
+    def layer_params(layer_in: int) -> int:
         # Per direction: W_ih (gates*H x in), W_hh (gates*H x H), b_ih and b_hh (gates*H each).
-        params += directions * gates * (hidden * layer_in + hidden * hidden + (2 * hidden if bias else 0))
+        return directions * gates * (hidden * layer_in + hidden * hidden + (2 * hidden if bias else 0))
+
+    def layer_flops(layer_in: int) -> int:
         # Per step and direction, the two matmuls; the gate nonlinearities are elementwise (0).
-        flops += directions * steps * 2 * gates * hidden * (layer_in + hidden)
-        layer_in = hidden * directions
+        return directions * steps * 2 * gates * hidden * (layer_in + hidden)
+
+    # Layer 0 reads the input; layers 1..L-1 all read the previous layer's H x directions.
+    upper = hidden * directions
+    params = layer_params(inp) + (layers - 1) * layer_params(upper)
+    flops = layer_flops(inp) + (layers - 1) * layer_flops(upper)
     return Estimate(params, flops if node.input_shape else None)
 
 

@@ -17,6 +17,7 @@ from neurarch_trace.errors import GraphError
 __all__ = [
     "MAX_DIM",
     "MAX_NUMEL",
+    "MAX_RANK",
     "Edge",
     "Graph",
     "Node",
@@ -39,12 +40,27 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: Most dimensions of one shape (PyTorch kernels handle at most 25; 64 leaves room).
+MAX_RANK = 64
+
+
 def numel(shape: Shape) -> int:
     """Elements of a shape: the product of its dimensions (1 for ``()``)."""
     total = 1
     for dim in shape:
         total *= dim
     return total
+
+
+def _numel_at_most(values: List[int], limit: int) -> bool:
+    """Whether the product of ``values`` is at most ``limit``, stopping as soon as it is not (so a
+    long list of huge dims never builds a huge integer)."""
+    total = 1
+    for dim in values:
+        total *= dim
+        if total > limit:
+            return False
+    return True
 
 
 def parse_shape(value: Any) -> Tuple[Optional[Shape], Optional[str]]:
@@ -59,12 +75,13 @@ def parse_shape(value: Any) -> Tuple[Optional[Shape], Optional[str]]:
         return None, "is not a flat list of integers"
     if any(dim <= 0 for dim in value):
         return None, "has a dimension that is not positive"
+    if len(value) > MAX_RANK:
+        return None, f"has more than {MAX_RANK} dimensions"
     if any(dim > MAX_DIM for dim in value):
         return None, "has a dimension over 2^40"
-    shape = tuple(value)
-    if numel(shape) > MAX_NUMEL:
+    if not _numel_at_most(value, MAX_NUMEL):
         return None, "has more than 2^53 elements"
-    return shape, None
+    return tuple(value), None
 
 
 @dataclass(frozen=True)
@@ -199,8 +216,9 @@ def read_graph(doc: Any, *, what: str = "model") -> Graph:
 
     edges: List[Edge] = []
     dangling: List[str] = []
-    preds: Dict[str, List[str]] = {}
-    succs: Dict[str, List[str]] = {}
+    # dicts used as insertion-ordered sets: a node with many producers stays linear to index
+    pred_sets: Dict[str, Dict[str, None]] = {}
+    succ_sets: Dict[str, Dict[str, None]] = {}
     for position, raw in enumerate(connections):
         if not isinstance(raw, dict):
             dangling.append(f"connection {position} is not an object")
@@ -221,10 +239,10 @@ def read_graph(doc: Any, *, what: str = "model") -> Graph:
         edges.append(edge)
         if edge.synthetic:
             continue
-        if src not in preds.setdefault(dst, []):
-            preds[dst].append(src)
-        if dst not in succs.setdefault(src, []):
-            succs[src].append(dst)
+        pred_sets.setdefault(dst, {})[src] = None
+        succ_sets.setdefault(src, {})[dst] = None
+    preds = {node_id: list(ids) for node_id, ids in pred_sets.items()}
+    succs = {node_id: list(ids) for node_id, ids in succ_sets.items()}
 
     name = doc.get("name")
     if not isinstance(name, str) or not name.strip():

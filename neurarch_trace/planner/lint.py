@@ -20,9 +20,8 @@ blames. The rules, in the order the plan lists them:
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import replace
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 from neurarch_trace.planner.counts import Counts, measured_int
 from neurarch_trace.planner.estimate import ZERO_COST_TYPES, estimate
@@ -72,45 +71,65 @@ def _has_bias(node: Node) -> bool:
     return True
 
 
-def _classifier_warnings(graph: Graph) -> List[Issue]:
+def _topological(graph: Graph) -> List[str]:
+    """Node ids in an order where producers come first, over real edges (Kahn's algorithm);
+    nodes on or behind a cycle are left out."""
+    indegree: Dict[str, int] = {node_id: len(graph.real_preds(node_id)) for node_id in graph.by_id}
+    ready = [node_id for node_id, degree in indegree.items() if degree == 0]
+    order: List[str] = []
+    while ready:
+        node_id = ready.pop()
+        order.append(node_id)
+        for nxt in graph.succs.get(node_id, []):
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    return order
+
+
+def _classifier_warnings(graph: Graph, order: List[str]) -> List[Issue]:
+    """One pass each way over the topological order, so the rule stays linear in the graph's
+    size however many classifiers share a long chain of parameter-free layers."""
+    # Forward facts, producers first: for a parameter-free node, is there a dropout / a weight
+    # layer among its ancestors reached through parameter-free nodes only?
+    dropout_behind: Dict[str, bool] = {}
+    weights_behind: Dict[str, bool] = {}
+
+    def behind(node_id: str) -> Tuple[bool, bool]:
+        has_dropout = has_weights = False
+        for pred_id in graph.real_preds(node_id):
+            pred = graph.by_id[pred_id]
+            if _passive(pred):
+                has_dropout = has_dropout or _is_dropout(pred) or dropout_behind.get(pred_id, False)
+                has_weights = has_weights or weights_behind.get(pred_id, False)
+            elif pred.type != "input":
+                has_weights = True
+        return has_dropout, has_weights
+
+    for node_id in order:
+        if _passive(graph.by_id[node_id]):
+            dropout_behind[node_id], weights_behind[node_id] = behind(node_id)
+    # Backward facts, consumers first: does a node reach an output through parameter-free nodes?
+    reaches_output: Set[str] = set()
+    for node_id in reversed(order):
+        node = graph.by_id[node_id]
+        succs = graph.succs.get(node_id, [])
+        if node.type == "output" or (_passive(node) and any(s in reaches_output for s in succs)):
+            reaches_output.add(node_id)
+
     issues: List[Issue] = []
-    for node in graph.by_id.values():
+    for node_id in order:
+        node = graph.by_id[node_id]
         if node.type != "linear" or node.output_shape is None or len(node.output_shape) != 1:
             continue
-        # Forward: does it reach an output through parameter-free layers only?
-        seen: Set[str] = {node.id}
-        queue = deque(graph.succs.get(node.id, []))
-        reaches_output = False
-        while queue and not reaches_output:
-            current = graph.by_id[queue.popleft()]
-            if current.id in seen:
-                continue
-            seen.add(current.id)
-            if current.type == "output":
-                reaches_output = True
-            elif _passive(current):
-                queue.extend(graph.succs.get(current.id, []))
-        if not reaches_output:
+        if not any(s in reaches_output for s in graph.succs.get(node_id, [])):
             continue
-        # Backward: a dropout between it and the previous weight layer?
-        seen = {node.id}
-        queue = deque(graph.real_preds(node.id))
-        dropout = after_weights = False
-        while queue:
-            current = graph.by_id[queue.popleft()]
-            if current.id in seen:
-                continue
-            seen.add(current.id)
-            if _is_dropout(current):
-                dropout = True
-                break
-            if _passive(current):
-                queue.extend(graph.real_preds(current.id))
-            elif current.type != "input":
-                after_weights = True
-        if after_weights and not dropout:
+        has_dropout, has_weights = behind(node_id)
+        if has_weights and not has_dropout:
             issues.append(Issue("no-dropout-before-classifier", node.name,
                                 f"no dropout before the classifier {node.label}"))
+    positions = {node.name: node.index for node in graph.nodes}
+    issues.sort(key=lambda issue: positions.get(issue.layer or "", 0))
     return issues
 
 
@@ -134,36 +153,27 @@ def _edge_warnings(graph: Graph) -> List[Issue]:
     return issues
 
 
-def _plain_depth(graph: Graph) -> Optional[int]:
+def _plain_depth(graph: Graph, order: List[str]) -> Optional[int]:
     """Most weight layers on one path; ``None`` when the graph has a merge point (a skip path) or
     a cycle."""
     if any(node.type in _MERGE_TYPES for node in graph.nodes):
         return None
     if any(len(graph.real_preds(node_id)) > 1 for node_id in graph.by_id):
         return None
-    indegree: Dict[str, int] = {node_id: len(graph.real_preds(node_id)) for node_id in graph.by_id}
-    depth: Dict[str, int] = {}
-    ready = [node_id for node_id, degree in indegree.items() if degree == 0]
-    done = 0
-    while ready:
-        node_id = ready.pop()
-        done += 1
-        node = graph.by_id[node_id]
-        before = max((depth[p] for p in graph.real_preds(node_id)), default=0)
-        depth[node_id] = before + (1 if node.type in WEIGHT_TYPES else 0)
-        for nxt in graph.succs.get(node_id, []):
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                ready.append(nxt)
-    if done != len(graph.by_id):
+    if len(order) != len(graph.by_id):
         return None
+    depth: Dict[str, int] = {}
+    for node_id in order:
+        before = max((depth[p] for p in graph.real_preds(node_id)), default=0)
+        depth[node_id] = before + (1 if graph.by_id[node_id].type in WEIGHT_TYPES else 0)
     return max(depth.values(), default=0)
 
 
 def lint(graph: Graph, counts: Counts) -> List[Issue]:
     """Every warning of ``graph``, in the order of the module docstring."""
-    issues = _classifier_warnings(graph) + _edge_warnings(graph)
-    depth = _plain_depth(graph)
+    order = _topological(graph)
+    issues = _classifier_warnings(graph, order) + _edge_warnings(graph)
+    depth = _plain_depth(graph, order)
     if depth is not None and depth >= DEEP_PLAIN_LAYERS:
         issues.append(Issue("deep-without-residual", None,
                             f"{depth} weight layers in a row with no residual path"))

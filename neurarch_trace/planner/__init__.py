@@ -1,0 +1,210 @@
+"""The planner: a graph in, the card and its machine-readable plan out. Pure Python, no torch.
+
+    >>> from neurarch_trace.planner import make_plan
+    >>> answer = make_plan(graph, source={"target": "models/resnet.py:ResNet18"})
+    >>> print(answer["text"])                 # the card, at most 68 columns
+    >>> answer["plan"]["run"]["legal"], answer["plan"]["cost"]["peakGb"]
+
+One concept per module: :mod:`.graph` reads the document, :mod:`.verify` finds blockers,
+:mod:`.estimate` and :mod:`.counts` count parameters and FLOPs (measured first), :mod:`.workload`
+says what a sample is, :mod:`.memory` sizes a training step, :mod:`.fit` picks the card,
+:mod:`.cost` prices training, :mod:`.lint` finds warnings, :mod:`.diff` compares with a base,
+:mod:`.card` renders. The plan service (:mod:`neurarch_trace.server`) is one caller of
+:func:`make_plan`; anything else may call it directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional
+
+from neurarch_trace.errors import GraphError
+from neurarch_trace.planner.analysis import Analysis, analyse
+from neurarch_trace.planner.card import render
+from neurarch_trace.planner.cost import BACKWARD_FACTOR, MFU, TrainingCost, training_cost, training_unit
+from neurarch_trace.planner.diff import diff as diff_against
+from neurarch_trace.planner.fit import MAX_BATCH, Fit, fit as fit_gpu
+from neurarch_trace.planner.gpus import gpu_table
+from neurarch_trace.planner.memory import (
+    ACTIVATION_BYTES,
+    ADAMW_BYTES,
+    FRAMEWORK_ALLOWANCE_BYTES,
+    GRADIENT_BYTES,
+    MASTER_WEIGHT_BYTES,
+    WEIGHT16_BYTES,
+)
+
+__all__ = ["ATTENTION_MODES", "GraphError", "PLAN_SCHEMA", "make_plan", "target_label"]
+
+#: Identifies the layout of the ``plan`` object (bumped on an incompatible change).
+PLAN_SCHEMA = "neurarch-plan/1"
+#: The request's ``attention`` values (``plan-api.md``).
+ATTENTION_MODES = ("sdpa", "flash", "eager")
+_BYTES_PER_TRAINABLE = WEIGHT16_BYTES + MASTER_WEIGHT_BYTES + GRADIENT_BYTES + ADAMW_BYTES
+
+
+def target_label(target: Optional[str]) -> Optional[str]:
+    """The file or module part of a target as typed: ``models/resnet.py:ResNet18`` gives
+    ``models/resnet.py``; a target without a ``:Attr`` suffix (``hf:bert-base-uncased``) is kept."""
+    if not target:
+        return None
+    head, sep, tail = target.rpartition(":")
+    if sep and head and tail and all(part.isidentifier() for part in tail.split(".")):
+        return head
+    return target
+
+
+def _assumptions(a: Analysis, fit: Fit, attention: Optional[str]) -> str:
+    parts = [
+        f"Training peak of one mixed-precision AdamW step at batch {fit.batch}",
+        f"{a.work.seq_len} tokens per sample" if a.work.kind == "tokens" and a.work.seq_len else None,
+    ]
+    head = ", ".join(p for p in parts if p)
+    return (
+        f"{head}: {_BYTES_PER_TRAINABLE} bytes per trainable parameter (16-bit weights "
+        f"{WEIGHT16_BYTES}, fp32 master weights {MASTER_WEIGHT_BYTES}, fp32 gradients {GRADIENT_BYTES}, "
+        f"AdamW moments {ADAMW_BYTES}), every layer's output kept for backward at {ACTIVATION_BYTES} bytes "
+        f"per element" + (", eager attention scores" if attention == "eager" else "")
+        + f", and a {FRAMEWORK_ALLOWANCE_BYTES / 1e9:g} GB framework allowance; a card fits when the "
+        f"peak x {fit.headroom:g} is within its memory."
+    )
+
+
+def _layers(a: Analysis) -> List[Dict[str, Any]]:
+    return [
+        {
+            "id": lc.node.id,
+            "name": lc.node.name,
+            "type": lc.node.type,
+            "scope": lc.node.scope,
+            "inputShape": list(lc.node.input_shape) if lc.node.input_shape else None,
+            "outputShape": list(lc.node.output_shape) if lc.node.output_shape else None,
+            "params": lc.params,
+            "paramsSource": lc.params_source,
+            "flops": lc.flops,
+            "flopsSource": lc.flops_source,
+        }
+        for lc in a.counts.layers
+    ]
+
+
+def _fit(fit: Fit) -> Dict[str, Any]:
+    largest = gpu_table().largest
+    return {
+        "fits": fit.fits,
+        "gpu": fit.gpu.id if fit.gpu else None,
+        "memoryGb": fit.gpu.memory_gb if fit.gpu else None,
+        "precision": fit.gpu.precision if fit.gpu else None,
+        "batch": fit.batch,
+        "peakGb": fit.peak_bytes / 1e9,
+        "needGb": fit.need_bytes / 1e9,
+        "headroom": fit.headroom,
+        "borderline": fit.borderline,
+        "maxBatch": MAX_BATCH,
+        "largestGpu": {"gpu": largest.id, "memoryGb": largest.memory_gb},
+        "cards": [
+            {"gpu": c.gpu.id, "memoryGb": c.gpu.memory_gb, "usdPerHour": c.gpu.usd_per_hour,
+             "batch": c.batch, "peakGb": c.peak_bytes / 1e9, "needGb": c.need_bytes / 1e9}
+            for c in fit.candidates
+        ],
+    }
+
+
+def _training(cost: Optional[TrainingCost]) -> Optional[Dict[str, Any]]:
+    if cost is None:
+        return None
+    return {
+        "unit": cost.unit.key,
+        "per": cost.unit.phrase,
+        "samples": cost.unit.samples,
+        "flops": cost.flops,
+        "seconds": cost.seconds,
+        "hours": cost.seconds / 3600,
+        "usd": cost.usd,
+        "gpu": cost.gpu.id,
+        "usdPerHour": cost.gpu.usd_per_hour,
+        "peakTflops": cost.gpu.peak_tflops,
+        "precision": cost.gpu.precision,
+        "mfu": cost.mfu,
+        "backwardFactor": BACKWARD_FACTOR,
+    }
+
+
+def _check_options(seq_len: Optional[int], attention: Optional[str]) -> None:
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= 2**31):
+        raise ValueError("seq_len must be a positive integer of at most 2^31")
+    if attention is not None and attention not in ATTENTION_MODES:
+        raise ValueError("attention must be one of sdpa, flash or eager")
+
+
+def make_plan(
+    graph: Any,
+    *,
+    source: Optional[Mapping[str, Any]] = None,
+    base: Any = None,
+    seq_len: Optional[int] = None,
+    attention: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The card and plan for ``graph`` (a loaded ``.neurarch.json`` dict).
+
+    ``source`` is the request's ``source`` object (its ``target`` heads the card); ``base`` a
+    second graph to diff against; ``seq_len`` tokens per sample for a token model; ``attention``
+    ``sdpa``, ``flash`` or ``eager``. Returns ``{"text": card, "plan": {...}}``. Raises
+    :class:`GraphError` when ``graph`` or ``base`` is not a graph, ``ValueError`` for a bad option.
+    """
+    _check_options(seq_len, attention)
+    a = analyse(graph, what="model", seq_len=seq_len, attention=attention)
+    b = analyse(base, what="base", seq_len=seq_len, attention=attention) if base is not None else None
+    fit = fit_gpu(a.memory)
+    unit = training_unit(a.work)
+    cost = training_cost(a.flops_per_sample, unit, fit.gpu)
+    target = source.get("target") if isinstance(source, Mapping) else None
+    table = gpu_table()
+    plan: Dict[str, Any] = {
+        "schema": PLAN_SCHEMA,
+        "model": {
+            "name": a.graph.name,
+            "target": target_label(target if isinstance(target, str) else None),
+            "layers": len(a.graph.layers),
+            "params": a.counts.params,
+            "trainableParams": a.counts.trainable,
+            "frozenParams": a.counts.frozen,
+            "paramsSource": "measured" if a.counts.exact_params else "estimated",
+            "flops": a.flops_per_sample,
+            "flopsSource": "measured" if a.counts.exact_flops else "estimated",
+            "flopsComplete": a.counts.flops_complete,
+            "input": {
+                "kind": a.work.kind,
+                "shape": list(a.work.input_shape) if a.work.input_shape else None,
+                "describe": a.work.describe(),
+                "tracedTokens": a.work.traced_tokens,
+            },
+        },
+        "run": {
+            "legal": not a.blockers,
+            "blockers": [issue.message for issue in a.blockers],
+            "details": [issue.as_dict() for issue in a.blockers],
+        },
+        "fit": _fit(fit),
+        "cost": {
+            "batch": fit.batch,
+            "peakGb": fit.peak_bytes / 1e9,
+            "activationGb": a.memory.activation_bytes(fit.batch) / 1e9,
+            "staticGb": a.memory.static_bytes / 1e9,
+            "perSampleGb": a.memory.per_sample_bytes / 1e9,
+            "breakdown": a.memory.breakdown(fit.batch),
+            "seqLen": a.work.seq_len if a.work.kind == "tokens" else None,
+            "attention": attention,
+            "assumptions": _assumptions(a, fit, attention),
+            "training": _training(cost),
+        },
+        "warnings": [issue.message for issue in a.warnings],
+        "warningDetails": [issue.as_dict() for issue in a.warnings],
+        "layers": _layers(a),
+        "diff": diff_against(a, b, fit, unit) if b is not None else None,
+        "notes": list(a.work.notes) + (
+            [f"{len(a.memory.layers_without_shape)} layers without an outputShape add no activation memory"]
+            if a.memory.layers_without_shape else []
+        ),
+        "prices": {"date": table.price_date, "source": table.price_source},
+    }
+    return {"text": render(plan), "plan": plan}

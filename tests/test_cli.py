@@ -1,0 +1,262 @@
+"""The neurarch-trace command: the README's first command, flags, and every user error.
+
+Most runs call ``neurarch_trace.cli.main`` in-process (torch is imported once); the front door
+(console script, ``python -m``) and the runs that need a fresh interpreter use subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from graph_checks import assert_clean, by_name, sources_of
+from neurarch_trace.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+RESNET = str(ROOT / "examples" / "models" / "resnet.py")
+GPT = str(ROOT / "examples" / "models" / "gpt.py")
+
+
+def run(args: list[str], cwd: Path, capfd) -> tuple[int, str, str]:
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        code = main(args)
+    finally:
+        os.chdir(old)
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def run_subprocess(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=full_env, timeout=300)
+
+
+def test_readme_first_command(tmp_path):
+    # the console script, as README's first command runs it
+    proc = run_subprocess(["neurarch-trace", RESNET + ":ResNet18", "--input", "1,3,224,224"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr == "wrote ResNet18.neurarch.json (68 layers, 77 connections)\n"
+    graph = json.loads((tmp_path / "ResNet18.neurarch.json").read_text())
+    assert_clean(graph)
+    assert graph["name"] == "ResNet18"
+    assert graph["measured"]["params"] == 11_689_512
+    assert graph["description"] == (
+        f"Traced by neurarch-trace from {RESNET}:ResNet18 with --input 1,3,224,224:float32."
+    )
+
+
+def test_python_dash_m_and_stdout(tmp_path):
+    proc = run_subprocess([sys.executable, "-m", "neurarch_trace", GPT + ":TinyGPT", "--input", "1,32:long", "-o", "-"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    graph = json.loads(proc.stdout)
+    assert_clean(graph)
+    assert by_name(graph)["idx"]["outputShape"] == [32]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_version(capfd, tmp_path):
+    assert main(["--version"]) == 0
+    from neurarch_trace import __version__
+
+    assert capfd.readouterr().out == f"neurarch-trace {__version__}\n"
+
+
+def test_deterministic_files(tmp_path, capfd):
+    for name in ("a.json", "b.json"):
+        code, _, _ = run([GPT + ":TinyGPT", "--input", "2,16:long", "-o", name], tmp_path, capfd)
+        assert code == 0
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+def test_module_target_from_working_directory(tmp_path, capfd):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers.py").write_text("from torch import nn\nclass Head(nn.Linear):\n    pass\n")
+    (pkg / "net.py").write_text(textwrap.dedent("""
+        from torch import nn
+        from mypkg.layers import Head
+        def build():
+            return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), Head(8, 2))
+        model = build()
+    """))
+    code, out, err = run(["mypkg.net:build", "--input", "3,4", "--name", "Tiny"], tmp_path, capfd)
+    assert code == 0, err
+    assert err == "wrote Tiny.neurarch.json (3 layers, 4 connections)\n"
+    graph = json.loads((tmp_path / "Tiny.neurarch.json").read_text())
+    assert [c["type"] for c in graph["components"]] == ["input", "linear", "relu", "linear", "output"]
+    assert graph["measured"]["batchSize"] == 3
+    code, _, err = run(["mypkg.net:model", "--input", "1,4", "-o", "inst.json"], tmp_path, capfd)
+    assert code == 0, err
+
+
+def test_file_target_with_sibling_import_and_dotted_attr(tmp_path, capfd):
+    (tmp_path / "blocks.py").write_text("from torch import nn\ndef block():\n    return nn.Linear(6, 6)\n")
+    (tmp_path / "model.py").write_text(textwrap.dedent("""
+        from torch import nn
+        from blocks import block
+        class Zoo:
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.a = block()
+                def forward(self, x):
+                    return self.a(x)
+    """))
+    code, _, err = run(["model.py:Zoo.Net", "--input", "1,6"], tmp_path, capfd)
+    assert code == 0, err
+    assert (tmp_path / "Net.neurarch.json").exists()
+
+
+def test_small_vocabulary_long_input_and_keyword_inputs(tmp_path, capfd):
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import sys
+        sys.path.insert(0, %r)
+        from fixture_models import SmallVocab, KwargsModel
+    """ % str(ROOT / "tests")))
+    code, _, err = run(["m.py:SmallVocab", "--input", "2,40:long", "-o", "v.json"], tmp_path, capfd)
+    assert code == 0, err
+    graph = json.loads((tmp_path / "v.json").read_text())
+    assert by_name(graph)["emb"]["params"] == {"vocabSize": 100, "embeddingDim": 12}
+    assert graph["measured"]["inputs"] == [{"name": "ids", "shape": [2, 40], "dtype": "int64"}]
+    code, _, err = run(
+        ["m.py:KwargsModel", "--input", "1,9:long", "--input", "token_type_ids=1,9:long",
+         "--input", "attention_mask=1,9:long", "-o", "k.json"], tmp_path, capfd)
+    assert code == 0, err
+    graph = json.loads((tmp_path / "k.json").read_text())
+    assert_clean(graph)
+    assert [c["name"] for c in graph["components"] if c["type"] == "input"] == [
+        "input_ids", "token_type_ids", "attention_mask"]
+    assert sources_of(graph, "fc") == ["attention_mask", "add"]
+
+
+def test_depth_flag(tmp_path, capfd):
+    code, _, err = run([RESNET + ":ResNet18", "--input", "1,3,64,64", "--depth", "1", "-o", "d1.json"], tmp_path, capfd)
+    assert code == 0, err
+    graph = json.loads((tmp_path / "d1.json").read_text())
+    assert [c["name"] for c in graph["components"]] == [
+        "x", "conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool", "fc", "output"]
+    code, _, err = run([RESNET + ":ResNet18", "--input", "1,3,64,64", "--depth", "2", "-o", "d2.json"], tmp_path, capfd)
+    graph = json.loads((tmp_path / "d2.json").read_text())
+    assert by_name(graph)["layer1.0"]["params"] == {"className": "BasicBlock", "paramCount": 73984}
+    assert sum(1 for c in graph["components"] if c.get("scope") == "layer1") == 2
+
+
+# --- errors: exit 1, one line on stderr, nothing written, an existing file untouched ----------
+
+BAD_MODULE = """
+from torch import nn
+raise RuntimeError("cannot build on this machine")
+"""
+
+GOOD_MODULE = """
+from torch import nn
+def raises():
+    raise ValueError("missing config")
+def not_a_module():
+    return 42
+def needs_args(width):
+    return nn.Linear(width, width)
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+    def forward(self, x):
+        return self.fc(x)
+"""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nocolon"], "target 'nocolon' names no attribute: write path/to/file.py:Model"),
+        (["missing.py:Net", "--input", "1,4"], "file missing.py does not exist"),
+        (["bad.py:Net", "--input", "1,4"], "importing bad.py failed: RuntimeError: cannot build on this machine"),
+        (["good.py:Nope", "--input", "1,4"], "good.py has no attribute 'Nope'; it offers Net, needs_args, not_a_module, raises"),
+        (["good.py:raises", "--input", "1,4"], "calling raises() failed: ValueError: missing config"),
+        (["good.py:not_a_module", "--input", "1,4"], "not_a_module() returned a int, not a torch.nn.Module"),
+        (["good.py:needs_args", "--input", "1,4"], "calling needs_args() failed: TypeError"),
+        (["good.py:Net", "--input", "1,x,4"], "--input '1,x,4': dimension 'x' is not a positive integer"),
+        (["good.py:Net", "--input", "1,4:float99"], "unknown dtype 'float99': use one of float32, float,"),
+        (["good.py:Net", "--input", "1,4", "--dtype", "floaty"], "unknown dtype 'floaty'"),
+        (["good.py:Net"], "no --input given"),
+        (["good.py:Net", "--input", "1,5"], "the forward pass failed in layer 'fc' (Linear) after 0 layers with inputs x 1x5 float32: RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+        (["good.py:Net", "--input", "1,4:long"], "with inputs x 1x4 int64: RuntimeError"),
+        (["good.py:Net", "--input", "1,4", "--bogus"], "unrecognized arguments: --bogus"),
+        (["nodir/good.py:Net", "--input", "1,4"], "file nodir/good.py does not exist"),
+    ],
+)
+def test_user_errors(tmp_path, capfd, args, message):
+    (tmp_path / "bad.py").write_text(BAD_MODULE)
+    (tmp_path / "good.py").write_text(GOOD_MODULE)
+    existing = tmp_path / "Net.neurarch.json"
+    existing.write_text("earlier good graph")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, out, err = run(args, tmp_path, capfd)
+    assert code == 1
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("neurarch-trace: "), err
+    assert message in err, err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert existing.read_text() == "earlier good graph"
+
+
+def test_failed_trace_keeps_an_earlier_file(tmp_path, capfd):
+    (tmp_path / "good.py").write_text(GOOD_MODULE)
+    code, _, _ = run(["good.py:Net", "--input", "1,4", "-o", "net.json"], tmp_path, capfd)
+    assert code == 0
+    good = (tmp_path / "net.json").read_bytes()
+    code, _, err = run(["good.py:Net", "--input", "1,7", "-o", "net.json"], tmp_path, capfd)
+    assert code == 1 and "mat1 and mat2" in err
+    assert (tmp_path / "net.json").read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.py", "net.json"]
+
+
+def test_output_folder_missing(tmp_path, capfd):
+    (tmp_path / "good.py").write_text(GOOD_MODULE)
+    code, _, err = run(["good.py:Net", "--input", "1,4", "-o", "no/such/g.json"], tmp_path, capfd)
+    assert code == 1 and "folder" in err and "does not exist" in err and err.count("\n") == 1
+
+
+def test_verbose_prints_traceback(tmp_path, capfd):
+    (tmp_path / "good.py").write_text(GOOD_MODULE)
+    code, _, err = run(["good.py:raises", "--input", "1,4", "--verbose"], tmp_path, capfd)
+    assert code == 1
+    assert "Traceback" in err and "ValueError: missing config" in err
+    assert err.rstrip().splitlines()[-1] == "neurarch-trace: calling raises() failed: ValueError: missing config"
+
+
+def test_hf_without_transformers(tmp_path):
+    # a transformers package that cannot be imported stands in for a machine without it
+    fake = tmp_path / "shadow" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named transformers')\n")
+    proc = run_subprocess(
+        ["neurarch-trace", "hf:bert-base-uncased"], tmp_path,
+        env={"PYTHONPATH": str(tmp_path / "shadow")},
+    )
+    assert proc.returncode == 1
+    assert proc.stderr == "neurarch-trace: hf: targets need the transformers package: pip install 'neurarch-trace[hf]'\n"
+
+
+def test_hf_id_not_found_offline(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    code, out, err = run(["hf:no-such-org/no-such-model"], tmp_path, capfd)
+    assert code == 1
+    assert err == (
+        "neurarch-trace: cannot find Hugging Face model 'no-such-org/no-such-model': HF_HUB_OFFLINE is set "
+        "and it is not in the local cache; download it first or pass a local folder (hf:./path)\n"
+    )
+    assert list(p.name for p in tmp_path.iterdir()) == ["hf-home"] or not list(tmp_path.iterdir())

@@ -1,0 +1,293 @@
+"""The tracer on real models through the library API: exact shapes, edges and parameter counts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fixture_models as fm
+from graph_checks import assert_clean, by_name, sources_of, types
+from neurarch_trace import read_graph, trace_model, write_graph
+from neurarch_trace.errors import GraphError, TraceError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / "models" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def module_params(model: nn.Module, qualname: str) -> int:
+    return sum(p.numel() for p in model.get_submodule(qualname).parameters())
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    torch.manual_seed(0)
+    model = load_example("resnet").ResNet18()
+    graph = trace_model(model, torch.randn(1, 3, 224, 224))
+    return model, graph
+
+
+def test_resnet18_layer_counts_and_shapes(resnet18):
+    model, graph = resnet18
+    assert_clean(graph)
+    assert types(graph) == Counter(
+        {"conv2d": 20, "batchNorm": 20, "relu": 17, "add": 8, "maxpool2d": 1, "globalAvgPool2d": 1,
+         "linear": 1, "input": 1, "output": 1}
+    )
+    comps = by_name(graph)
+    assert comps["x"]["outputShape"] == [3, 224, 224]
+    assert comps["output"]["inputShape"] == [1000]
+    assert comps["conv1"]["outputShape"] == [64, 112, 112]
+    assert comps["maxpool"]["outputShape"] == [64, 56, 56]
+    assert comps["layer4.1.conv2"]["outputShape"] == [512, 7, 7]
+    assert comps["avgpool"]["outputShape"] == [512, 1, 1]
+    assert comps["fc"]["inputShape"] == [512]
+    assert comps["conv1"]["params"] == {"inChannels": 3, "outChannels": 64, "kernelSize": 7, "stride": 2,
+                                        "padding": 3, "bias": False}
+    assert comps["maxpool"]["params"] == {"kernelSize": 3, "stride": 2, "padding": 1}
+    assert comps["fc"]["params"] == {"inFeatures": 512, "outFeatures": 1000}
+    assert comps["layer1.0.conv1"]["scope"] == "layer1.0"
+    assert "scope" not in comps["conv1"]
+
+
+def test_resnet18_residual_adds(resnet18):
+    _, graph = resnet18
+    adds = [c for c in graph["components"] if c["type"] == "add"]
+    assert [c["name"] for c in adds] == [
+        "layer1.0.add", "layer1.1.add", "layer2.0.add", "layer2.1.add",
+        "layer3.0.add", "layer3.1.add", "layer4.0.add", "layer4.1.add",
+    ]
+    assert all(len(c["inputs"]) == 2 for c in adds)
+    # an identity shortcut: the block's bn2 and the previous block's output relu
+    assert sources_of(graph, "layer1.1.add") == ["layer1.1.bn2", "layer1.0.relu#2"]
+    # a projection shortcut: bn2 and the downsample's BatchNorm
+    assert sources_of(graph, "layer2.0.add") == ["layer2.0.bn2", "layer2.0.downsample.1"]
+    assert sources_of(graph, "layer2.0.downsample.0") == ["layer1.1.relu#2"]
+    assert sources_of(graph, "layer1.0.relu#2") == ["layer1.0.add"]
+
+
+def test_resnet18_parameters_match_pytorch(resnet18):
+    model, graph = resnet18
+    total = sum(p.numel() for p in model.parameters())
+    assert total == 11_689_512
+    assert graph["measured"]["params"] == total
+    per_node = 0
+    for comp in graph["components"]:
+        if comp["type"] in ("input", "output", "add"):
+            continue
+        qual = comp["name"].split("#")[0]
+        owned = comp["measured"]["params"]
+        if "#" in comp["name"]:  # a second call owns nothing
+            assert owned == 0
+        else:
+            assert owned == module_params(model, qual), comp["name"]
+        per_node += owned
+    assert per_node == total
+    # FLOPs: 1.814 GMACs for ResNet-18 at 224 px, the commonly quoted figure, = 2 FLOPs per MAC
+    assert graph["measured"]["flops"] == 3_628_146_688
+
+
+def test_tiny_gpt_tied_head_and_attention_flops():
+    gpt = load_example("gpt")
+    model = gpt.TinyGPT()
+    graph = trace_model(model, torch.randint(0, 8192, (1, 64)))
+    assert_clean(graph)
+    comps = by_name(graph)
+    assert comps["lm_head"]["type"] == "lmHead"
+    assert comps["lm_head"]["params"] == {"embedDim": 256, "vocabSize": 8192, "bias": False, "weightTied": True}
+    assert comps["lm_head"]["measured"]["params"] == 0
+    assert comps["wte"]["measured"]["params"] == 8192 * 256
+    assert graph["measured"]["params"] == sum(p.numel() for p in model.parameters()) == 5_322_240
+    assert sources_of(graph, "add") == ["wte", "wpe"]
+    assert sources_of(graph, "blocks.0.add") == ["drop", "blocks.0.attn.resid_dropout"]
+    assert sources_of(graph, "blocks.0.add#2") == ["blocks.0.add", "blocks.0.mlp.dropout"]
+    # position ids come from torch.arange: no batch axis, and a synthetic edge from the input
+    assert comps["wpe"]["inputShape"] == [64]
+    assert comps["wpe"]["outputShape"] == [64, 256]
+    # SDPA in the attention container's forward: 4*B*H*T*T*head_dim per layer, 4 layers
+    assert graph["measured"]["functionalFlops"] == 4 * (4 * 1 * 4 * 64 * 64 * 64)
+
+
+def test_lstm_and_gru_tuple_outputs():
+    model = fm.LSTMTagger()
+    graph = trace_model(model, torch.randint(0, 500, (2, 7)))
+    assert_clean(graph)
+    lstm = by_name(graph)["lstm"]
+    assert lstm["params"] == {"inputSize": 32, "hiddenSize": 48, "numLayers": 2, "bidirectional": True}
+    assert lstm["inputShape"] == [7, 32]
+    assert lstm["outputShape"] == [7, 96]
+    assert lstm["measured"]["outputShapes"] == [[7, 96], [4, 48], [4, 48]]  # output, h_n, c_n
+    assert lstm["measured"]["params"] == sum(p.numel() for p in model.lstm.parameters())
+    assert sources_of(graph, "classifier") == ["lstm"]
+
+    gru = fm.GRUEncoder()
+    graph = trace_model(gru, torch.randn(7, 3, 16))  # sequence first: (L=7, N=3, H=16)
+    assert_clean(graph)
+    node = by_name(graph)["gru"]
+    assert node["inputShape"] == [7, 16]
+    assert node["measured"]["outputShapes"] == [[7, 24], [1, 24]]
+    assert graph["measured"]["batchSize"] == 3
+    assert by_name(graph)["output"]["measured"]["outputShapes"] == [[7, 24], [1, 24]]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_is_one_node(batch_first):
+    model = fm.AttentionBlock(batch_first=batch_first)
+    x = torch.randn(2, 5, 32) if batch_first else torch.randn(5, 2, 32)
+    graph = trace_model(model, x)
+    assert_clean(graph)
+    assert types(graph) == Counter({"input": 1, "multiHeadAttention": 1, "add": 1, "layerNorm": 1, "output": 1})
+    attn = by_name(graph)["attn"]
+    assert attn["params"] == {"hiddenDim": 32, "numHeads": 4}
+    assert attn["inputShape"] == attn["outputShape"] == [5, 32]
+    assert attn["measured"]["outputShapes"] == [[5, 32], [5, 5]]
+    assert attn["measured"]["params"] == 4 * 32 * 32 + 4 * 32
+    assert sources_of(graph, "add") == ["x", "attn"]
+    assert by_name(graph)["add"]["outputShape"] == [5, 32]
+
+
+def test_module_called_twice_is_two_nodes():
+    graph = trace_model(fm.CalledTwice(), torch.randn(1, 16))
+    assert_clean(graph)
+    assert [c["name"] for c in graph["components"]] == ["x", "fc", "act", "fc#2", "output"]
+    comps = by_name(graph)
+    assert comps["fc"]["measured"]["params"] == 16 * 16 + 16
+    assert comps["fc#2"]["measured"]["params"] == 0
+    assert comps["fc#2"]["measured"]["sharedWith"] == comps["fc"]["id"]
+    assert sources_of(graph, "fc#2") == ["act"]
+
+
+def test_inplace_residual_becomes_add():
+    graph = trace_model(fm.InplaceResidual(), torch.randn(1, 8))
+    assert_clean(graph)
+    assert sources_of(graph, "add") == ["fc1", "x"]
+    assert sources_of(graph, "fc2") == ["add"]
+
+
+def test_cat_and_stack_merges():
+    graph = trace_model(fm.CatStack(), torch.randn(1, 8))
+    assert_clean(graph)
+    comps = by_name(graph)
+    assert comps["cat"]["type"] == "concatenate"
+    assert sources_of(graph, "cat") == ["a", "b"]
+    assert comps["cat"]["outputShape"] == [10]
+    assert comps["stack"]["type"] == "stack"
+    assert sources_of(graph, "stack") == ["h1", "h2"]
+    assert comps["stack"]["outputShape"] == [2, 3]
+    assert sources_of(graph, "h1") == ["cat"] and sources_of(graph, "h2") == ["cat"]
+
+
+def test_dict_output_reaches_the_output_node():
+    graph = trace_model(fm.DictOutput(), torch.randn(1, 8))
+    assert_clean(graph)
+    out = by_name(graph)["output"]
+    assert sources_of(graph, "output") == ["head", "body"]
+    assert out["inputShape"] == [3]
+    assert out["measured"]["outputShapes"] == [[3], [8]]
+
+
+def test_two_input_forward():
+    graph = trace_model(fm.TwoInput(), (torch.randn(1, 3, 8, 8), torch.randn(1, 5)))
+    assert_clean(graph)
+    inputs = [c for c in graph["components"] if c["type"] == "input"]
+    # the forward's argument `meta` shares its name with the layer `self.meta`: the layer keeps it
+    assert [c["name"] for c in inputs] == ["image", "input:meta"]
+    assert [c["outputShape"] for c in inputs] == [[3, 8, 8], [5]]
+    assert sources_of(graph, "meta") == ["input:meta"]
+    assert sources_of(graph, "cat") == ["flat", "meta"]
+    assert sources_of(graph, "head") == ["cat"]
+
+
+def test_integer_path_and_integer_output():
+    graph = trace_model(fm.IntegerPath(), torch.randint(0, 50, (1, 5)))
+    assert_clean(graph)
+    assert sources_of(graph, "emb") == ["ids"]
+    assert by_name(graph)["output"]["inputShape"] == [5]
+    assert by_name(graph)["fc"]["measured"]["outputDtype"] == "float32"
+    assert graph["measured"]["inputs"] == [{"name": "ids", "shape": [1, 5], "dtype": "int64"}]
+
+
+def test_unknown_leaf_is_custom_module():
+    graph = trace_model(fm.WithUnknownLeaf(), torch.randn(1, 6))
+    assert_clean(graph)
+    assert by_name(graph)["scale"]["type"] == "customModule"
+    assert by_name(graph)["scale"]["params"] == {"className": "Scale", "paramCount": 6}
+
+
+def test_depth_cuts_containers():
+    model = fm.Deep()
+    g1 = trace_model(model, torch.randn(1, 8), depth=1)
+    assert_clean(g1)
+    assert [c["name"] for c in g1["components"]] == ["x", "stem", "stage", "head", "output"]
+    stage = by_name(g1)["stage"]
+    assert stage["type"] == "customModule"
+    assert stage["params"] == {"className": "Sequential", "paramCount": 2 * (16 * 16 + 16)}
+    assert stage["measured"]["flops"] == 2 * 2 * 16 * 16
+    g2 = trace_model(model, torch.randn(1, 8), depth=2)
+    assert_clean(g2)
+    assert [c["name"] for c in g2["components"]] == ["x", "stem", "stage.0", "stage.1", "head", "output"]
+    g_full = trace_model(model, torch.randn(1, 8))
+    assert [c["name"] for c in g_full["components"]] == [
+        "x", "stem", "stage.0.0", "stage.0.1", "stage.1.0", "stage.1.1", "head", "output"]
+    assert g1["measured"]["flops"] == g2["measured"]["flops"] == g_full["measured"]["flops"]
+
+
+def test_depth_names_what_a_container_is():
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+    model = nn.Sequential(layer)
+    graph = trace_model(model, torch.randn(1, 6, 32), depth=1)
+    assert by_name(graph)["0"]["type"] == "transformerBlock"
+    assert by_name(graph)["0"]["params"] == {"embedDim": 32, "numHeads": 4, "ffDim": 64}
+
+
+def test_training_flag_restored_and_hooks_removed():
+    model = fm.CalledTwice().train()
+    trace_model(model, torch.randn(1, 16))
+    assert model.training and model.fc.training
+    assert not model.fc._forward_hooks and not model.fc._forward_pre_hooks
+
+
+def test_failing_forward_says_where():
+    model = fm.TwoInput()
+    with pytest.raises(TraceError) as info:
+        trace_model(model, (torch.randn(1, 4, 8, 8), torch.randn(1, 5)))
+    text = str(info.value)
+    assert "in layer 'conv' (Conv2d)" in text and "RuntimeError" in text and "\n" not in text
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_write_and_read_back(tmp_path):
+    graph = trace_model(fm.CatStack(), torch.randn(1, 8))
+    path = tmp_path / "g.neurarch.json"
+    write_graph(graph, path)
+    assert read_graph(path, strict=True) == json.loads(json.dumps(graph))
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(GraphError, match="is not JSON"):
+        read_graph(tmp_path / "bad.json")
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(GraphError, match="not a JSON object"):
+        read_graph(tmp_path / "list.json")
+    broken = json.loads(json.dumps(graph))
+    broken["connections"].append({"id": "x", "from": "n1", "to": "nope", "fromPort": "bottom", "toPort": "top"})
+    with pytest.raises(GraphError, match="does not exist"):
+        write_graph(broken, tmp_path / "broken.neurarch.json")
+    assert not (tmp_path / "broken.neurarch.json").exists()
+
+
+def test_deterministic():
+    a = trace_model(fm.TinyViT(), torch.randn(1, 3, 32, 32))
+    b = trace_model(fm.TinyViT(), torch.randn(1, 3, 32, 32))
+    assert json.dumps(a) == json.dumps(b)
