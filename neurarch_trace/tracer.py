@@ -514,6 +514,9 @@ def _known_batch_axis(module: nn.Module | None, index: int, ndim: int, is_output
             return 0 if target.batch_first else 1
         return 1 if ndim == 3 else -1
     batch_first = getattr(target, "batch_first", None)
+    if batch_first is None and type(target).__module__.startswith("torch.nn") and type(target).__name__.startswith("Transformer"):
+        attn = next((m for m in target.modules() if isinstance(m, nn.MultiheadAttention)), None)
+        batch_first = attn.batch_first if attn is not None else None
     if isinstance(target, nn.MultiheadAttention) or (
         batch_first is False and type(target).__name__.startswith("Transformer")
     ):

@@ -1,0 +1,392 @@
+"""Exact statistics, and the forwards that break other tracers (issue: "Exact where other tools are
+wrong"). Every expected number is computed here, independently of the tracer, with its working."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fixture_models as fm
+from graph_checks import assert_clean, by_name, sources_of, types
+from neurarch_trace import trace_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def unique_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() yields each Parameter once
+
+
+def node_param_sum(graph: dict) -> int:
+    return sum(c["measured"].get("params", 0) for c in graph["components"])
+
+
+def load_example(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"exact_{name}", ROOT / "examples" / "models" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- totals ---------------------------------------------------------------------------------
+
+
+def test_totals_and_per_node_fields():
+    model = fm.TwoInput()
+    model.meta.weight.requires_grad_(False)
+    graph = trace_model(model, (torch.randn(2, 3, 8, 8), torch.randn(2, 5)))
+    m = graph["measured"]
+    assert m["params"] == unique_params(model) == 112 + 24 + 18
+    assert m["frozenParams"] == 5 * 4 and m["trainableParams"] == m["params"] - 20
+    assert m["paramBytes"] == 4 * m["params"]
+    assert m["batchSize"] == 2
+    assert m["inputs"] == [{"name": "image", "shape": [2, 3, 8, 8], "dtype": "float32"},
+                           {"name": "input:meta", "shape": [2, 5], "dtype": "float32"}]
+    from neurarch_trace import __version__
+
+    assert m["tool"] == f"neurarch-trace/{__version__}"
+    conv = by_name(graph)["conv"]["measured"]
+    # conv 3->4, 3x3, 8x8 output, batch 2: 2 FLOPs x 2 x 4 x 8 x 8 x 3 x 3 x 3 MACs
+    assert conv["flops"] == 2 * 2 * 4 * 8 * 8 * 3 * 3 * 3
+    assert conv["outputDtype"] == "float32"
+    assert conv["outputBytes"] == 2 * 4 * 8 * 8 * 4
+    assert m["flops"] == m["layerFlops"] + m["functionalFlops"]
+    assert m["flops"] == 2 * 2 * 4 * 64 * 27 + 2 * 2 * 5 * 4 + 2 * 2 * 8 * 2
+    assert node_param_sum(graph) == m["params"]
+
+
+def test_buffers_counted():
+    model = load_example("resnet").ResNet18()
+    graph = trace_model(model, torch.randn(1, 3, 32, 32))
+    buffers = sum(b.numel() for b in model.buffers())
+    assert graph["measured"]["buffers"] == buffers == 20 * (2 * 0 + 1) + 2 * sum(
+        m.num_features for m in model.modules() if isinstance(m, nn.BatchNorm2d))
+    assert sum(c["measured"].get("buffers", 0) for c in graph["components"]) == buffers
+
+
+# --- 1. parameters and buffers read in forward --------------------------------------------------
+
+
+def test_vit_class_token_and_position_embedding():
+    model = fm.TinyViT()
+    graph = trace_model(model, torch.randn(1, 3, 32, 32))
+    assert_clean(graph)
+    comps = by_name(graph)
+    assert comps["cat"]["type"] == "concatenate"
+    assert comps["cat"]["measured"]["params"] == model.cls_token.numel() == 32
+    assert comps["cat"]["outputShape"] == [17, 32]
+    assert comps["add"]["type"] == "add"
+    assert comps["add"]["measured"]["params"] == model.pos_embed.numel() == 17 * 32
+    assert sources_of(graph, "cat") == ["patch_embed"]
+    assert sources_of(graph, "add") == ["cat"]
+    assert comps["patch_embed"]["type"] == "patchEmbed"
+    assert comps["patch_embed"]["params"] == {"patchSize": 8, "embedDim": 32, "inChans": 3}
+    assert node_param_sum(graph) == unique_params(model) == graph["measured"]["params"]
+    assert graph["measured"]["unusedParams"] == 0
+
+
+def test_learned_gate_owned_by_container():
+    model = fm.GatedResidual()
+    graph = trace_model(model, torch.randn(1, 8))
+    assert_clean(graph)
+    assert sources_of(graph, "add") == ["x", "block"]
+    assert by_name(graph)["add"]["measured"]["params"] == 8  # the gate
+    assert node_param_sum(graph) == unique_params(model) == 72 + 8 + 18
+
+
+# --- 2. tied weights ----------------------------------------------------------------------------
+
+
+def test_tied_lm_head_counted_once():
+    model = fm.TiedLM()
+    graph = trace_model(model, torch.randint(0, 64, (1, 5)))
+    head = by_name(graph)["lm_head"]
+    assert head["type"] == "lmHead"
+    assert head["params"]["weightTied"] is True
+    assert head["measured"]["params"] == 0
+    assert graph["measured"]["params"] == unique_params(model) == 64 * 16 + 16 * 16 + 16
+    assert node_param_sum(graph) == graph["measured"]["params"]
+    # the head still costs its matmul: 5 tokens x 16 x 64 MACs
+    assert head["measured"]["flops"] == 2 * 5 * 16 * 64
+
+
+# --- 3. shared modules --------------------------------------------------------------------------
+
+
+def test_module_under_two_parents():
+    model = fm.SharedParents()
+    graph = trace_model(model, torch.randn(1, 8))
+    assert_clean(graph)
+    assert [c["name"] for c in graph["components"]] == ["x", "enc.0", "enc.1", "dec.0", "dec.1", "output"]
+    comps = by_name(graph)
+    assert comps["enc.1"]["measured"]["params"] == 72
+    assert comps["dec.0"]["measured"]["params"] == 0
+    assert comps["dec.0"]["measured"]["sharedWith"] == comps["enc.1"]["id"]
+    assert comps["dec.0"]["scope"] == "dec"
+    assert node_param_sum(graph) == unique_params(model) == 72 + 72 + 27
+    assert graph["measured"]["flops"] == 2 * (8 * 8 * 3 + 8 * 3)
+
+
+# --- 4. output containers -----------------------------------------------------------------------
+
+
+def test_nested_tuples_lists_named_tuple_and_dataclass():
+    model = fm.Containers()
+    graph = trace_model(model, torch.randn(2, 8))
+    assert_clean(graph)
+    comps = by_name(graph)
+    assert comps["nested"]["measured"]["outputShapes"] == [[8], [8], [8]]
+    assert comps["named"]["measured"]["outputShapes"] == [[8], [4]]
+    assert comps["named"]["outputShape"] == [8]
+    assert sources_of(graph, "output") == ["head", "named"]
+    assert comps["output"]["measured"]["outputShapes"] == [[3], [4]]
+    assert node_param_sum(graph) == unique_params(model)
+
+
+def test_model_output_from_transformers():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64, vocab_size=50)
+    model = transformers.BertModel(cfg)
+    graph = trace_model(model, torch.randint(0, 2, (1, 8)))
+    assert sources_of(graph, "output") == ["encoder.layer.0.output.LayerNorm", "pooler.activation"]
+    assert by_name(graph)["output"]["measured"]["outputShapes"] == [[8, 32], [32]]
+
+
+# --- 5. sequence-first layouts ------------------------------------------------------------------
+
+
+def test_sequence_first_lstm_states():
+    model = fm.SeqFirstLSTM()
+    graph = trace_model(model, torch.randn(3, 6, 10))
+    comps = by_name(graph)
+    assert comps["lstm"]["inputShape"] == [6, 10]
+    # output (L, N, H) -> [6, 20]; h_n and c_n (layers, N, H) -> [2, 20]
+    assert comps["lstm"]["measured"]["outputShapes"] == [[6, 20], [2, 20], [2, 20]]
+    assert comps["head"]["inputShape"] == [20]
+
+
+def test_sequence_first_transformer_and_attention():
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0)  # batch_first=False
+    model = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+    graph = trace_model(model, torch.randn(7, 3, 16))  # (L=7, N=3, E=16)
+    assert_clean(graph)
+    assert graph["measured"]["batchSize"] == 3
+    comps = by_name(graph)
+    assert comps["layers.0.self_attn"]["inputShape"] == [7, 16]
+    assert comps["layers.0.self_attn"]["outputShape"] == [7, 16]
+    assert comps["layers.0.linear1"]["outputShape"] == [7, 32]
+    assert comps["layers.0.add"]["outputShape"] == [7, 16]
+    assert comps["output"]["inputShape"] == [7, 16]
+    assert comps["x" if "x" in comps else "src"]["outputShape"] == [7, 16]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g1 = trace_model(model, torch.randn(7, 3, 16), depth=2)
+    assert by_name(g1)["layers.0"]["type"] == "transformerBlock"
+    assert by_name(g1)["layers.0"]["outputShape"] == [7, 16]
+
+
+# --- 6. no_grad / inference_mode ----------------------------------------------------------------
+
+
+def test_no_grad_and_inference_mode_regions():
+    model = fm.PartlyNoGrad()
+    graph = trace_model(model, torch.randn(1, 8))
+    assert_clean(graph)
+    assert sources_of(graph, "mid") == ["features"]
+    assert sources_of(graph, "add") == ["mid", "features"]
+    assert sources_of(graph, "head") == ["add"]
+    # the head runs under inference_mode, where aten.linear arrives undecomposed: still counted
+    assert by_name(graph)["head"]["measured"]["flops"] == 2 * 8 * 2
+    assert graph["measured"]["uncountedOps"] == []
+
+
+# --- 7. wrapped models --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wrap", ["compile", "dataparallel", "ddp"])
+def test_wrapped_models_trace_as_the_inner_model(wrap, tmp_path):
+    model = fm.SharedParents()
+    if wrap == "compile":
+        wrapped = torch.compile(model)
+    elif wrap == "dataparallel":
+        wrapped = nn.DataParallel(model)
+    else:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+        try:
+            wrapped = nn.parallel.DistributedDataParallel(model)
+            graph = trace_model(wrapped, torch.randn(1, 8))
+        finally:
+            dist.destroy_process_group()
+        assert [c["name"] for c in graph["components"]] == ["x", "enc.0", "enc.1", "dec.0", "dec.1", "output"]
+        return
+    graph = trace_model(wrapped, torch.randn(1, 8))
+    assert [c["name"] for c in graph["components"]] == ["x", "enc.0", "enc.1", "dec.0", "dec.1", "output"]
+    assert all("module." not in c.get("scope", "") and "_orig_mod" not in c.get("scope", "")
+               for c in graph["components"])
+    assert graph["measured"]["params"] == unique_params(model)
+
+
+# --- 8. TorchScript submodules ------------------------------------------------------------------
+
+
+def test_torchscript_submodule_is_one_opaque_node():
+    model = fm.WithScripted()
+    graph = trace_model(model, torch.randn(1, 8))
+    assert_clean(graph)
+    node = by_name(graph)["scripted"]
+    assert node["type"] == "customModule"
+    assert node["params"] == {"className": "Sequential", "paramCount": 8 * 16 + 16 + 16 * 8 + 8}
+    assert node["measured"]["flops"] == 2 * (8 * 16 + 16 * 8)
+    assert sources_of(graph, "post") == ["scripted"]
+    assert isinstance(model.scripted, torch.jit.ScriptModule)  # put back after the trace
+    scripted_whole = torch.jit.script(nn.Sequential(nn.Linear(4, 4)))
+    graph = trace_model(scripted_whole, torch.randn(1, 4))
+    assert [c["type"] for c in graph["components"]] == ["input", "customModule", "output"]
+    assert graph["measured"]["params"] == 20
+
+
+# --- 9. keyword arguments, token ids and masks --------------------------------------------------
+
+
+def test_keyword_inputs_with_mask():
+    model = fm.KwargsModel()
+    ids = torch.randint(0, 120, (2, 9))
+    graph = trace_model(model, {"input_ids": ids, "token_type_ids": torch.zeros(2, 9, dtype=torch.long),
+                                "attention_mask": torch.ones(2, 9, dtype=torch.long)})
+    assert_clean(graph)
+    assert [c["name"] for c in graph["components"] if c["type"] == "input"] == [
+        "input_ids", "token_type_ids", "attention_mask"]
+    assert sources_of(graph, "add") == ["tok", "typ"]
+    assert sources_of(graph, "fc") == ["attention_mask", "add"]
+    assert by_name(graph)["input_ids"]["outputShape"] == [9]
+
+
+# --- 10. quantized and complex ------------------------------------------------------------------
+
+
+def test_dynamically_quantized_model():
+    float_model = fm.LSTMTagger()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = torch.ao.quantization.quantize_dynamic(float_model, {nn.Linear, nn.LSTM}, dtype=torch.qint8)
+        graph = trace_model(qmodel, torch.randint(0, 500, (2, 7)))
+        reference = trace_model(fm.LSTMTagger(), torch.randint(0, 500, (2, 7)))
+    assert_clean(graph)
+    comps = by_name(graph)
+    lstm_params = sum(p.numel() for p in fm.LSTMTagger().lstm.parameters())
+    head_params = 96 * 9 + 9
+    assert comps["lstm"]["type"] == "lstm" and comps["lstm"]["measured"]["packedParams"] == lstm_params
+    assert comps["classifier"]["type"] == "linear"
+    assert comps["classifier"]["measured"]["packedParams"] == head_params
+    assert graph["measured"]["packedParams"] == lstm_params + head_params
+    assert graph["measured"]["params"] == unique_params(qmodel) == 500 * 32  # only the float embedding
+    assert graph["measured"]["flops"] == reference["measured"]["flops"]
+    assert graph["measured"]["uncountedOps"] == []
+
+
+def test_complex_valued_linear():
+    model = fm.ComplexLinear()
+    graph = trace_model(model, torch.randn(1, 8, dtype=torch.complex64))
+    fc = by_name(graph)["fc"]
+    assert fc["measured"]["outputDtype"] == "complex64"
+    assert fc["measured"]["outputBytes"] == 4 * 8
+    assert graph["measured"]["params"] == unique_params(model) == 36
+    assert graph["measured"]["inputs"][0]["dtype"] == "complex64"
+    assert fc["measured"]["flops"] == 4 * 2 * 8 * 4  # complex multiply-add = 4 real ones
+
+
+def test_uncounted_operation_is_never_a_silent_zero():
+    class FFTMix(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.fft.rfft(self.fc(x)).abs()
+
+    class Spectral(nn.Module):
+        def forward(self, x):
+            return torch.fft.irfft(torch.fft.rfft(x))
+
+    graph = trace_model(FFTMix(), torch.randn(1, 16))
+    assert graph["measured"]["uncountedOps"] == ["aten._fft_r2c"]
+    model = nn.Sequential(nn.Linear(16, 16), Spectral())
+    graph = trace_model(model, torch.randn(1, 16))
+    node = by_name(graph)["1"]
+    assert node["measured"]["flops"] is None
+    assert node["measured"]["uncounted"] == ["aten._fft_c2r", "aten._fft_r2c"]
+
+
+# --- an independent check of the FLOP totals: closed forms for five architectures --------------
+
+
+def resnet18_flops(image: int) -> int:
+    """Convolutions and the classifier of ResNet-18, 2 FLOPs per multiply-add."""
+    total = 0
+    side = image // 2
+    total += 2 * 3 * 64 * 7 * 7 * side * side  # stem
+    side //= 2  # max pool
+    in_c = 64
+    for stage, planes in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            stride = 2 if stage > 0 and block == 0 else 1
+            out_side = side // stride
+            total += 2 * in_c * planes * 9 * out_side * out_side  # conv1
+            total += 2 * planes * planes * 9 * out_side * out_side  # conv2
+            if stride != 1 or in_c != planes:
+                total += 2 * in_c * planes * out_side * out_side  # 1x1 projection
+            in_c, side = planes, out_side
+    return total + 2 * 512 * 1000
+
+
+def transformer_layer_flops(tokens: int, width: int, ff: int) -> int:
+    """Q, K, V and output projections, Q·Kᵀ and P·V, and a two-matrix MLP."""
+    return 4 * 2 * tokens * width * width + 2 * 2 * tokens * tokens * width + 2 * 2 * tokens * width * ff
+
+
+def test_flops_closed_form_resnet18():
+    graph = trace_model(load_example("resnet").ResNet18(), torch.randn(1, 3, 224, 224))
+    assert graph["measured"]["flops"] == resnet18_flops(224) == 3_628_146_688
+
+
+def test_flops_closed_form_vit():
+    graph = trace_model(fm.TinyViT(), torch.randn(1, 3, 32, 32))
+    tokens, width = 17, 32
+    patch = 2 * 3 * 32 * 8 * 8 * 16  # 16 patches of 8x8x3 to 32 channels
+    expected = patch + 2 * transformer_layer_flops(tokens, width, 64) + 2 * width * 10
+    assert graph["measured"]["flops"] == expected
+
+
+def test_flops_closed_form_bert_and_gpt2():
+    transformers = pytest.importorskip("transformers")
+    bert = transformers.BertModel(transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=256, vocab_size=100))
+    graph = trace_model(bert, torch.randint(0, 2, (1, 24)))
+    assert graph["measured"]["flops"] == 3 * transformer_layer_flops(24, 64, 256) + 2 * 64 * 64  # + pooler
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_embd=64, n_layer=3, n_head=4, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=0))
+    graph = trace_model(gpt2, torch.randint(0, 100, (2, 20)))
+    per_sample = 3 * transformer_layer_flops(20, 64, 256) + 2 * 20 * 64 * 100  # + tied LM head
+    assert graph["measured"]["flops"] == 2 * per_sample
+
+
+def test_flops_closed_form_lstm_tagger():
+    graph = trace_model(fm.LSTMTagger(), torch.randint(0, 500, (2, 7)))
+    steps, emb, hidden, tags, dirs, gates = 2 * 7, 32, 48, 9, 2, 4
+    layer0 = dirs * 2 * gates * hidden * (emb + hidden)
+    layer1 = dirs * 2 * gates * hidden * (dirs * hidden + hidden)
+    expected = steps * (layer0 + layer1) + steps * 2 * (dirs * hidden) * tags
+    assert graph["measured"]["flops"] == expected
