@@ -79,12 +79,7 @@ def trace_module(
     """Trace an already-built ``model`` on random inputs made from ``specs`` (see :mod:`inputs`)."""
     args, kwargs = make_inputs(list(specs), model, default_dtype=default_dtype, device=device)
     if progress is not None:
-        progress.total = _count_layers_hint(model)
         progress.step("tracing")
     return trace_model(
         model, args, kwargs=kwargs, name=name, depth=depth, description=description, progress=progress
     )
-
-
-def _count_layers_hint(model: nn.Module) -> int:
-    return sum(1 for m in model.modules() if not m._modules)

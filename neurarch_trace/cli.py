@@ -177,6 +177,7 @@ def _trace_command(args: argparse.Namespace) -> int:
         path = out_path or f"{_file_stem(graph['name'])}.neurarch.json"
         progress.step("writing the graph")
         write_graph(graph, path)
+        progress.clear()
         print(f"wrote {path} ({layers} layers, {len(graph['connections'])} connections)", file=sys.stderr, flush=True)
     if plan_cli is not None and (getattr(args, "plan", False) or getattr(args, "share", False)):
         return plan_cli.run_plan(args, graph, path, target=args.target, inputs=input_texts, base=base)

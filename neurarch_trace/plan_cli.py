@@ -25,6 +25,7 @@ Privacy: nothing is sent unless ``--plan`` or ``--share`` was given (``plan`` im
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from typing import Any, NoReturn, Optional
@@ -206,7 +207,8 @@ def _plan_command(args: argparse.Namespace) -> int:
     except NeurarchError as err:
         _error(str(err))
         return 1
-    source = {"kind": "file", "tool": user_agent()}
+    # The card is headed by source.target: the file's name, not its folders (they stay private).
+    source = {"kind": "file", "target": os.path.basename(args.graph), "tool": user_agent()}
     return _plan_and_print(
         graph,
         args.graph,

@@ -29,6 +29,7 @@ the original error stays reachable as ``__cause__``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -290,9 +291,10 @@ def request_plan(
     Raises:
         ValueError: ``seq_len``, ``attention`` or ``timeout`` out of range (a programming error).
         GraphError: ``graph`` or ``base`` is not a dict, or holds a value JSON cannot carry.
-        PlanError: ``api`` is not an http(s) URL. Subclasses: :class:`PlanConnectionError`,
-            :class:`PlanTimeoutError`, :class:`PlanStatusError`, :class:`PlanRateLimitError`,
-            :class:`PlanResponseError`, as drawn in the module docstring.
+        PlanError: ``api`` (or ``NEURARCH_API``) is not an http(s) URL. Subclasses:
+            :class:`PlanConnectionError`, :class:`PlanTimeoutError`, :class:`PlanStatusError`,
+            :class:`PlanRateLimitError`, :class:`PlanResponseError`, as drawn in the module
+            docstring.
     """
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
         raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
@@ -457,15 +459,15 @@ def _status_error(response: requests.Response, *, host: str, key_sent: bool) -> 
     prefix = f"the plan service at {host} answered {said}"
     if code == 429:
         retry_after = _retry_after(response.headers.get("Retry-After"))
-        advice = (
-            "the API key sent did not lift the limit; check NEURARCH_API_KEY"
-            if key_sent else "set NEURARCH_API_KEY to an API key to lift the limit"
-        )
+        message = prefix
+        if key_sent:
+            message += "; the API key sent did not lift the limit; check NEURARCH_API_KEY"
+        elif "NEURARCH_API_KEY" not in (sentence or ""):  # the service may already have said it
+            message += "; set NEURARCH_API_KEY to an API key to lift the limit"
         if retry_after is not None:
-            advice += f", or retry in {retry_after:g} seconds"
+            message += f", or retry in {_duration(retry_after)}"
         return PlanRateLimitError(
-            f"{prefix}; {advice}", host=host, status_code=code, server_message=sentence,
-            retry_after=retry_after,
+            message, host=host, status_code=code, server_message=sentence, retry_after=retry_after
         )
     if 300 <= code < 400:
         location = response.headers.get("Location")
@@ -488,6 +490,17 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     except ValueError:
         return None
     return seconds if seconds is not None and seconds >= 0 else None
+
+
+def _duration(seconds: float) -> str:
+    """``45 seconds``, ``12 minutes``, ``3 hours``: rounded up, for a retry hint."""
+    if seconds < 120:
+        n, unit = math.ceil(seconds), "second"
+    elif seconds < 2 * 3600:
+        n, unit = math.ceil(seconds / 60), "minute"
+    else:
+        n, unit = math.ceil(seconds / 3600), "hour"
+    return f"{n} {unit}{'s' if n != 1 else ''}"
 
 
 def _parse_answer(response: requests.Response, *, host: str, share: bool) -> PlanResponse:

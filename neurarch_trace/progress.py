@@ -2,7 +2,7 @@
 
 Building a model, tracing its layers and writing the graph can take tens of seconds on large
 configs. When stderr is a terminal a single line is redrawn in place (``building the model``,
-``traced 412/1204 layers``, ``writing the graph``); when it is not (a pipe, a file, CI), nothing is
+``traced 412 layers``, ``writing the graph``); when it is not (a pipe, a file, CI), nothing is
 printed. Nothing ever goes to stdout.
 """
 
@@ -23,7 +23,6 @@ class Progress:
     def __init__(self, stream: TextIO | None = None, *, min_interval: float = 0.1) -> None:
         self._stream = stream if stream is not None else sys.stderr
         self.enabled = bool(getattr(self._stream, "isatty", lambda: False)())
-        self.total: int | None = None
         self._last = 0.0
         self._min_interval = min_interval
         self._shown = False
@@ -50,8 +49,7 @@ class Progress:
         self._draw(f"{phase} ...", force=True)
 
     def __call__(self, layers: int) -> None:
-        total = f"/{self.total}" if self.total else ""
-        self._draw(f"traced {layers}{total} layers")
+        self._draw(f"traced {layers} layers")
 
     def clear(self) -> None:
         if self.enabled and self._shown:

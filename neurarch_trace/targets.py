@@ -225,8 +225,6 @@ def _load_hf(ident: str, *, device: str, weights: bool) -> LoadedTarget:
         ) from exc
     except ValueError as exc:
         raise TargetError(f"hf:{ident}: transformers cannot read its config: {_one_line(exc)}") from exc
-    if hasattr(config, "use_cache"):
-        config.use_cache = False  # a trace needs no key/value cache
     try:
         if weights:
             model = transformers.AutoModel.from_pretrained(ident, config=config)

@@ -1,0 +1,184 @@
+"""Benchmark: what tracing costs next to the forward pass it watches, and how it scales.
+
+Run: ``python bench/bench_trace.py [--repeats 5] [--json bench/results/trace.json]``
+
+Reports, in one run on this machine:
+
+1. For a ResNet-50-like CNN, a ViT-B/16-like model, a BERT-base config and a GPT-2 config: the bare
+   forward time, the trace time, and their ratio (median of ``--repeats`` runs after one warm-up).
+   Both run the same way: ``eval()`` mode, autograd enabled (the tracer runs the forward so), CPU,
+   batch 1; images 224 px, 128 tokens.
+2. For LLaMA-7B and LLaMA-3-70B configs on the meta device: the trace time (model build included)
+   and the peak resident memory, each in a fresh subprocess so the peak is its own.
+3. Writing and reading back a graph of 10,000 nodes, and the trace time per layer of deep
+   sequential models of 1,000 and 4,000 layers (linear scaling gives a ratio near 1).
+
+Numbers are ratios against a baseline measured in the same process; no target is asserted here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "models"))
+
+from neurarch_trace import read_graph, trace_model, write_graph  # noqa: E402
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def models():
+    import resnet
+    import vit
+
+    yield "ResNet-50 (1x3x224x224)", resnet.ResNet50(), (torch.randn(1, 3, 224, 224),), {}
+    yield "ViT-B/16 (1x3x224x224)", vit.ViT_B_16(), (torch.randn(1, 3, 224, 224),), {}
+    try:
+        import transformers
+    except ImportError:
+        return
+    ids = torch.randint(0, 1000, (1, 128))
+    yield "BERT-base config (1x128 tokens)", transformers.BertModel(transformers.BertConfig()), (ids,), {}
+    cfg = transformers.GPT2Config()
+    cfg.use_cache = False
+    yield "GPT-2 config (1x128 tokens)", transformers.GPT2Model(cfg), (ids,), {}
+
+
+def bench_forward_vs_trace(repeats: int) -> list[dict]:
+    rows = []
+    for label, model, args, kwargs in models():
+        model.eval()
+
+        def bare() -> None:
+            with torch.enable_grad():
+                model(*args, **kwargs)
+
+        def traced() -> None:
+            trace_model(model, args, kwargs=kwargs)
+
+        # interleave to share the machine's state fairly
+        forward = median_time(bare, repeats)
+        trace = median_time(traced, repeats)
+        rows.append({"model": label, "forward_s": forward, "trace_s": trace, "ratio": trace / forward})
+        print(f"{label:34s} forward {forward * 1e3:8.1f} ms  trace {trace * 1e3:8.1f} ms  ratio {trace / forward:5.2f}x",
+              flush=True)
+    return rows
+
+
+META_SCRIPT = r"""
+import json, resource, sys, time
+start = time.perf_counter()
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from neurarch_trace import trace_model
+cfg = LlamaConfig(**json.loads(sys.argv[1]))
+t0 = time.perf_counter()
+with torch.device("meta"):
+    model = LlamaForCausalLM(cfg)
+graph = trace_model(model, torch.randint(0, 1000, (1, 128), device="meta"))
+t1 = time.perf_counter()
+print(json.dumps({"trace_s": t1 - t0, "total_s": t1 - start, "params": graph["measured"]["params"],
+                  "flops": graph["measured"]["flops"], "nodes": len(graph["components"]),
+                  "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30}))
+"""
+
+LLAMA = {
+    "LLaMA-7B config (meta, 1x128)": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                          num_attention_heads=32, num_key_value_heads=32, vocab_size=32000),
+    "LLaMA-3-70B config (meta, 1x128)": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                                             num_attention_heads=64, num_key_value_heads=8, vocab_size=128256),
+}
+
+
+def bench_meta() -> list[dict]:
+    rows = []
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return rows
+    for label, cfg in LLAMA.items():
+        out = subprocess.run([sys.executable, "-c", META_SCRIPT, json.dumps(cfg)], capture_output=True, text=True,
+                             check=True)
+        row = {"model": label, **json.loads(out.stdout.strip().splitlines()[-1])}
+        rows.append(row)
+        print(f"{label:34s} build+trace {row['trace_s']:6.2f} s (process {row['total_s']:5.2f} s)  "
+              f"peak RSS {row['peak_rss_gib']:.2f} GiB  params {row['params'] / 1e9:.2f}B", flush=True)
+    return rows
+
+
+def deep(n: int) -> nn.Module:
+    return nn.Sequential(*(nn.Linear(4, 4) if i % 2 == 0 else nn.ReLU() for i in range(n)))
+
+
+def bench_scaling_and_io(repeats: int) -> dict:
+    x = torch.randn(1, 4)
+    per_layer = {}
+    for n in (1000, 4000):
+        model = deep(n)
+        per_layer[n] = median_time(lambda: trace_model(model, x), max(1, repeats // 2)) / n
+    graph = trace_model(deep(9998), x)
+    assert len(graph["components"]) == 10_000
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "g.neurarch.json")
+        write_s = median_time(lambda: write_graph(graph, path), repeats)
+        read_s = median_time(lambda: read_graph(path, strict=True), repeats)
+        size = os.path.getsize(path)
+    row = {
+        "trace_us_per_layer_1000": per_layer[1000] * 1e6,
+        "trace_us_per_layer_4000": per_layer[4000] * 1e6,
+        "scaling_ratio_4000_vs_1000": per_layer[4000] / per_layer[1000],
+        "write_10k_s": write_s,
+        "read_10k_s": read_s,
+        "file_bytes_10k": size,
+    }
+    print(f"deep chain: {row['trace_us_per_layer_1000']:.0f} us/layer at 1,000 layers, "
+          f"{row['trace_us_per_layer_4000']:.0f} us/layer at 4,000 (ratio {row['scaling_ratio_4000_vs_1000']:.2f})")
+    print(f"10,000-node graph: write {write_s * 1e3:.0f} ms, read+validate {read_s * 1e3:.0f} ms, "
+          f"{size / 1e6:.1f} MB", flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}"
+    print(f"machine: {machine}; torch threads {torch.get_num_threads()}")
+    results = {
+        "machine": machine,
+        "forward_vs_trace": bench_forward_vs_trace(args.repeats),
+        "meta": bench_meta(),
+        "scaling_and_io": bench_scaling_and_io(args.repeats),
+        "peak_rss_gib_this_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30,
+    }
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
