@@ -104,7 +104,7 @@ class _Node:
     name: str = ""
     params: dict = dataclasses.field(default_factory=dict)
     scope: str | None = None
-    sources: list = dataclasses.field(default_factory=list)  # ordered unique provenance keys
+    sources: dict = dataclasses.field(default_factory=dict)  # ordered unique provenance keys (values unused)
     input_shape: list | None = None
     output_shapes: list = dataclasses.field(default_factory=list)
     output_dtype: str | None = None
@@ -121,8 +121,7 @@ class _Node:
 
     def add_sources(self, keys: frozenset) -> None:
         for key in sorted(keys, key=_key_order):
-            if key not in self.sources:
-                self.sources.append(key)
+            self.sources.setdefault(key, None)
 
 
 def _key_order(key: Any) -> tuple:
@@ -160,6 +159,7 @@ class _Tracer:
         self.functional_flops = 0
         self.functional_uncounted: set[str] = set()
         self._names: set[str] = set()
+        self._name_next: dict[str, int] = {}
         self._merge_counts: dict[str, int] = {}
         self._first_call: dict[int, _Node] = {}
         self._qual_calls: dict[str, int] = {}
@@ -214,10 +214,13 @@ class _Tracer:
 
     # --- naming ---------------------------------------------------------------------------
     def unique_name(self, base: str) -> str:
-        name, n = base, 1
+        """``base``, or ``base#2``, ``base#3``, ... (a counter per base keeps this O(1))."""
+        name = base
+        n = self._name_next.get(base, 1)
         while name in self._names:
             n += 1
             name = f"{base}#{n}"
+        self._name_next[base] = n
         self._names.add(name)
         return name
 
@@ -794,7 +797,7 @@ def _build_graph(tracer: _Tracer, graph_name: str, output: Any, named_inputs: li
             if isinstance(key, str):
                 # parameters reaching the output through functional code only: the last layer
                 # feeding the output owns them
-                feeder = nodes[out_node.sources[-1]] if out_node.sources else None
+                feeder = nodes[next(reversed(out_node.sources))] if out_node.sources else None
                 if feeder is not None:
                     tracer._own_key(feeder, key)
     if outs:
