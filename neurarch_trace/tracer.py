@@ -257,7 +257,7 @@ class _Tracer:
         return False
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if self.inside_layer:
+        if self.inside_layer or self.paused:  # inside a layer, or the tracer reading a parametrized weight
             self._stack.append(("skip", None))
             return
         if is_passthrough(module) and module is not self.model:
@@ -600,6 +600,20 @@ def _swap_script_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Modu
     return swapped
 
 
+def _named_tensors(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor inside one forward argument, named by its path: ``xs.0``, ``batch.image``."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif depth > 8 or value is None or isinstance(value, (str, bytes)):
+        return
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _named_tensors(f"{name}.{key}", item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _named_tensors(f"{name}.{i}", item, depth + 1)
+
+
 def _restore(swapped: list[tuple[nn.Module, str, nn.Module]]) -> None:
     for parent, child_name, child in swapped:
         parent._modules[child_name] = child
@@ -675,7 +689,7 @@ def trace_model(
         call_kwargs = {**call_kwargs, **kwargs}
     kwargs = call_kwargs
     named_inputs = list(zip(_input_names(model, len(args)), args)) + list(kwargs.items())
-    tensors = [(n, t) for n, t in named_inputs if isinstance(t, torch.Tensor)]
+    tensors = [pair for n, value in named_inputs for pair in _named_tensors(n, value)]
     if not tensors:
         raise ValueError("inputs hold no tensor: give at least one input tensor, batch first")
     if tensors[0][1].dim() == 0:

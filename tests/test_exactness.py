@@ -390,3 +390,85 @@ def test_flops_closed_form_lstm_tagger():
     layer1 = dirs * 2 * gates * hidden * (dirs * hidden + hidden)
     expected = steps * (layer0 + layer1) + steps * 2 * (dirs * hidden) * tags
     assert graph["measured"]["flops"] == expected
+
+
+# --- more forwards from public bug reports -------------------------------------------------------
+
+
+def test_list_input_lazy_layer_and_weight_norm():
+    from torch.nn.utils.parametrizations import weight_norm
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.LazyLinear(8)
+            self.b = weight_norm(nn.Linear(8, 3))
+
+        def forward(self, xs):
+            return self.b(self.a(xs[0]) + self.a(xs[1]))
+
+    model = Model()
+    graph = trace_model(model, ([torch.randn(2, 5), torch.randn(2, 5)],))
+    assert_clean(graph)
+    assert [c["name"] for c in graph["components"]] == ["xs.0", "xs.1", "a", "a#2", "add", "b", "output"]
+    assert by_name(graph)["a"]["params"] == {"inFeatures": 5, "outFeatures": 8}  # materialised
+    # weight norm keeps the direction (3x8) and the magnitude (3x1) plus the bias
+    assert by_name(graph)["b"]["measured"]["params"] == 3 * 8 + 3 + 3
+    assert graph["measured"]["params"] == unique_params(model) == 48 + 30
+
+
+def test_layer_without_tensor_input_and_layer_without_tensor_output():
+    class Queries(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(4, 8))
+
+        def forward(self):
+            return self.weight
+
+    class Logger(nn.Module):
+        def forward(self, x):
+            self.last_norm = float(x.detach().norm())
+            return None
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.queries = Queries()
+            self.proj = nn.Linear(8, 8)
+            self.log = Logger()
+
+        def forward(self, x):
+            q = self.queries()
+            y = self.proj(x) @ q.T
+            self.log(y)
+            return y
+
+    graph = trace_model(Model(), torch.randn(2, 8))
+    assert_clean(graph)
+    comps = by_name(graph)
+    assert sources_of(graph, "queries") == ["x"]  # fed by nothing: a synthetic edge from the input
+    assert sources_of(graph, "output") == ["queries", "proj", "log"]  # the logger is a dead end
+    synthetic = set(graph["measured"]["syntheticConnections"])
+    assert {e["id"] for e in graph["connections"] if e["to"] == comps["queries"]["id"]} <= synthetic
+    assert comps["log"]["measured"]["outputShapes"] == []
+    assert comps["queries"]["measured"]["params"] == 32
+
+
+def test_hidden_states_tuple_output_and_star_args():
+    class StarArgs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, *xs):
+            hidden = [sum(xs)]
+            for layer in self.layers:
+                hidden.append(layer(hidden[-1]))
+            return hidden[-1], tuple(hidden)
+
+    graph = trace_model(StarArgs(), (torch.randn(1, 4), torch.randn(1, 4)))
+    assert_clean(graph)
+    assert [c["name"] for c in graph["components"] if c["type"] == "input"] == ["input_0", "input_1"]
+    assert sources_of(graph, "add") == ["input_0", "input_1"]
+    assert sources_of(graph, "output") == ["layers.2", "add", "layers.0", "layers.1"]
