@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from neurarch_trace.errors import GraphError
 from neurarch_trace.planner.analysis import Analysis, analyse
 from neurarch_trace.planner.card import render
-from neurarch_trace.planner.cost import BACKWARD_FACTOR, MFU, TrainingCost, training_cost, training_unit
+from neurarch_trace.planner.cost import BACKWARD_FACTOR, TrainingCost, training_cost, training_unit
 from neurarch_trace.planner.diff import diff as diff_against
 from neurarch_trace.planner.fit import MAX_BATCH, Fit, fit as fit_gpu
 from neurarch_trace.planner.gpus import gpu_table
@@ -201,7 +201,7 @@ def make_plan(
         "warningDetails": [issue.as_dict() for issue in a.warnings],
         "layers": _layers(a),
         "diff": diff_against(a, b, fit, unit) if b is not None else None,
-        "notes": list(a.work.notes) + (
+        "notes": list(a.work.notes) + list(a.memory.notes) + (
             [f"{len(a.memory.layers_without_shape)} layers without an outputShape add no activation memory"]
             if a.memory.layers_without_shape else []
         ),

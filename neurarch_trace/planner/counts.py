@@ -86,7 +86,8 @@ def _layer(node: Node, batch: int) -> Tuple[LayerCount, Optional[str]]:
     reason = None
     if "flops" in m and m.get("flops") is None:
         flops, flops_source = None, "unknown"
-        ops = [str(op) for op in m.get("uncounted", []) if isinstance(op, str)] if isinstance(m.get("uncounted"), list) else []
+        listed = m.get("uncounted")
+        ops = [op for op in listed if isinstance(op, str)] if isinstance(listed, list) else []
         reason = "measured flops null" + (f" ({', '.join(ops[:3])})" if ops else "")
     elif measured_int(m, "flops") is not None:
         flops, flops_source = _per_sample(measured_int(m, "flops") or 0, batch), "measured"

@@ -141,8 +141,9 @@ def _edge_warnings(graph: Graph) -> List[Issue]:
             continue
         producer = graph.by_id[producers[0]]
         if node.type == "batchNorm" and producer.type in _BIASED_TYPES and _has_bias(producer):
-            issues.append(Issue("bias-before-batchnorm", producer.name,
-                                f"a bias right before a BatchNorm: {producer.label} feeds {node.label}, which cancels it"))
+            issues.append(Issue(
+                "bias-before-batchnorm", producer.name,
+                f"a bias right before a BatchNorm: {producer.label} feeds {node.label}, which cancels it"))
         if node.type in NORM_TYPES and producer.type in ACTIVATION_TYPES:
             issues.append(Issue("norm-after-activation", node.name,
                                 f"a norm right after an activation: {node.label} follows {producer.label}"))

@@ -111,6 +111,7 @@ class MemoryModel:
     activation_bytes_per_sample: float
     attention_bytes_per_sample: float
     layers_without_shape: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
 
     @property
     def static_bytes(self) -> int:
@@ -159,7 +160,7 @@ def _output_elements(node: Node) -> Optional[int]:
 
 
 def _element_bytes(node: Node, work: Workload) -> int:
-    dtype = _dtype(node.measured.get("outputDtype"))
+    dtype = _dtype(node.measured.get("outputDtype") or node.measured.get("dtype"))
     if node.type == "input":
         if dtype in DTYPE_BYTES:
             return DTYPE_BYTES[dtype]
@@ -196,8 +197,13 @@ def memory_model(graph: Graph, counts: Counts, work: Workload, attention: Option
             continue
         activations += elements * _element_bytes(node, work)
     scores = 0
+    notes: List[str] = []
     if attention == "eager":
-        scores = sum(_score_elements(n) for n in graph.nodes if n.type in ATTENTION_TYPES) * EAGER_SCORE_BYTES
+        attention_layers = [n for n in graph.nodes if n.type in ATTENTION_TYPES]
+        scores = sum(_score_elements(n) for n in attention_layers) * EAGER_SCORE_BYTES
+        if not attention_layers:
+            notes.append("eager attention asked for, but no layer is typed as attention: score matrices "
+                         "computed in functional code (as Hugging Face models do) are not counted")
     return MemoryModel(
         weights_bytes=counts.trainable * WEIGHT16_BYTES + counts.frozen * FROZEN_BYTES + counts.packed * PACKED_BYTES,
         master_weight_bytes=counts.trainable * MASTER_WEIGHT_BYTES,
@@ -208,4 +214,5 @@ def memory_model(graph: Graph, counts: Counts, work: Workload, attention: Option
         activation_bytes_per_sample=activations * work.scale,
         attention_bytes_per_sample=scores * work.scale * work.scale,
         layers_without_shape=missing,
+        notes=notes,
     )

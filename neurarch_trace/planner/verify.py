@@ -25,7 +25,7 @@ taken on trust. Three families of checks, in this order:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from neurarch_trace.planner.estimate import ATTENTION_TYPES, ZERO_COST_TYPES, normalized_shape, size
 from neurarch_trace.planner.graph import MAX_DIM, Graph, Node, is_int, numel, parse_shape
@@ -132,9 +132,11 @@ def _contract(graph: Graph) -> List[Issue]:
         elif not fed and not feeds:
             issues.append(Issue("orphan", node.name, f"{node.label} is connected to nothing (orphan)"))
         elif not fed:
-            issues.append(Issue("source-not-input", node.name, f"{node.label} has no incoming connection but is not an input"))
+            issues.append(Issue("source-not-input", node.name,
+                                f"{node.label} has no incoming connection but is not an input"))
         elif not feeds:
-            issues.append(Issue("sink-not-output", node.name, f"{node.label} has no outgoing connection but is not an output (dead branch)"))
+            issues.append(Issue("sink-not-output", node.name,
+                                f"{node.label} has no outgoing connection but is not an output (dead branch)"))
     issues.extend(_cycles(graph, succ, pred))
     for node, sentence in graph.problems:
         issues.append(Issue("malformed-field", node.name if node else None, sentence))
@@ -169,6 +171,8 @@ def _cycles(graph: Graph, succ: Dict[str, Set[str]], pred: Dict[str, Set[str]], 
             reported.update(path)
             continue
         loop = list(reversed(path[order[node_id]:]))  # predecessors walked backwards: flip
+        first = min(range(len(loop)), key=lambda i: graph.by_id[loop[i]].index)
+        loop = loop[first:] + loop[:first]  # start at the loop's first layer in file order
         reported.update(path)
         names = [graph.by_id[i].label for i in loop]
         shown = names if len(names) <= 6 else names[:5] + ["..."]
@@ -215,7 +219,8 @@ def _key_checks(node: Node) -> List[Issue]:
     if p.get("scaleFactor") is not None:
         value = p["scaleFactor"]
         values = value if isinstance(value, list) else [value]
-        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e6 for v in values):
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if not values or len(numbers) != len(values) or not all(0 < v < 1e6 for v in numbers):
             bad("scaleFactor", "must be a positive number")
     if p.get("normalizedShape") is not None and normalized_shape(node) is None:
         bad("normalizedShape", "must be a positive integer or a list of them")
@@ -276,8 +281,9 @@ def _type_checks(node: Node) -> List[Issue]:
         shape = normalized_shape(node)
         if shape and inp and tuple(inp[-len(shape):]) != shape:
             tail = _fmt(inp[-len(shape):]) if len(inp) >= len(shape) else _fmt(inp)
-            found.append(Issue("param-shape-mismatch", node.name,
-                               f"{node.label}: normalizedShape {_fmt(shape)} does not match its input's trailing dims {tail}"))
+            found.append(Issue(
+                "param-shape-mismatch", node.name,
+                f"{node.label}: normalizedShape {_fmt(shape)} does not match its input's trailing dims {tail}"))
     elif t == "multiHeadAttention":
         width_key = "hiddenDim" if "hiddenDim" in p else "embedDim"
         found.append(_divides(node, width_key, "numHeads"))

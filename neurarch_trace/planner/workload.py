@@ -65,7 +65,7 @@ def _first_input(graph: Graph) -> Tuple[Optional[Node], Optional[Tuple[int, ...]
     dtype: Optional[str] = None
     if node is not None:
         shape = node.output_shape or parse_shape(node.params.get("shape"))[0]
-        dtype = _dtype_name(node.measured.get("outputDtype"))
+        dtype = _dtype_name(node.measured.get("outputDtype") or node.measured.get("dtype"))
     inputs = graph.measured.get("inputs")
     if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict):
         first = inputs[0]

@@ -2,15 +2,16 @@
 
 The body is read in chunks and refused with 413 as soon as it passes ``max_body_bytes`` (or at
 once when ``Content-Length`` says it will); it is parsed with the standard library, whose errors
-(syntax, too-deep recursion, integers with more than 4300 digits) all become a 400; a walk over
-the parsed value refuses nesting deeper than ``max_depth``. Graph counts are checked before any
+(syntax, too-deep recursion, integers with more than 4300 digits, ``NaN``/``Infinity``) all become
+a 400; a walk over the parsed value refuses nesting deeper than ``max_depth`` and strings that are
+not text (unpaired surrogates). Graph counts are checked before any
 planning starts. No limit here takes time beyond linear in the body.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from fastapi import Request
 from pydantic import ValidationError
@@ -19,26 +20,41 @@ from neurarch_trace.server.errors import ApiError, validation_sentence
 from neurarch_trace.server.schemas import PlanRequest
 from neurarch_trace.server.settings import Settings
 
-__all__ = ["check_graph_counts", "json_depth_exceeds", "parse_plan_request", "read_json"]
+__all__ = ["check_graph_counts", "json_problem", "parse_plan_request", "read_json"]
 
 
-def json_depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests objects/arrays more than ``limit`` deep (iterative, no recursion)."""
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_problem(value: Any, limit: int) -> Optional[str]:
+    """Why the parsed ``value`` is refused, or ``None``: nesting deeper than ``limit``, or a string
+    with an unpaired UTF-16 surrogate (legal JSON escapes, but not text: it cannot be stored or
+    answered as UTF-8). Iterative, so no input can exhaust the stack."""
     stack: List[Tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "the request body contains a string with an unpaired surrogate"
+            continue
         if isinstance(item, dict):
-            children = item.values()
+            children: Any = list(item.keys()) + list(item.values())
         elif isinstance(item, list):
             children = item
         else:
             continue
         if depth > limit:
-            return True
+            return f"the request body nests deeper than {limit} levels"
         for child in children:
             if isinstance(child, (dict, list)):
                 stack.append((child, depth + 1))
-    return False
+            elif isinstance(child, str):
+                stack.append((child, depth))
+    return None
 
 
 async def read_json(request: Request, settings: Settings) -> Any:
@@ -66,7 +82,7 @@ async def read_json(request: Request, settings: Settings) -> Any:
     if not raw.strip():
         raise ApiError(400, "the request body is empty; send a JSON object with a 'model' graph")
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON ({exc.msg} at line {exc.lineno}, "
                             f"column {exc.colno})") from None
@@ -74,8 +90,9 @@ async def read_json(request: Request, settings: Settings) -> Any:
         raise ApiError(400, f"the request body nests deeper than {settings.max_depth} levels") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, f"the request body is not valid JSON ({exc})") from None
-    if json_depth_exceeds(value, settings.max_depth):
-        raise ApiError(400, f"the request body nests deeper than {settings.max_depth} levels")
+    problem = json_problem(value, settings.max_depth)
+    if problem is not None:
+        raise ApiError(400, problem)
     return value
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Dict
 
+import anyio.to_thread
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -61,8 +63,10 @@ async def plan(
         check_graph_counts(body.base, "base", settings)
     source = body.source.model_dump() if body.source is not None else None
     try:
-        answer = await run_in_threadpool(
-            make_plan, body.model, source=source, base=body.base, seq_len=body.seq_len, attention=body.attention)
+        answer = await anyio.to_thread.run_sync(
+            functools.partial(make_plan, body.model, source=source, base=body.base, seq_len=body.seq_len,
+                              attention=body.attention),
+            limiter=request.app.state.plan_limiter)
     except GraphError as exc:
         raise ApiError(422, str(exc)) from None
     result: Dict[str, Any] = {"text": answer["text"], "plan": answer["plan"]}

@@ -1,0 +1,88 @@
+"""Shared fixtures: the real plan service on a free loopback port, started and stopped per test.
+
+As httpx's own tests do it: a uvicorn server runs on a thread in this process, serving the app
+that :func:`neurarch_trace.server.create_app` builds; tests talk to it over real HTTP. The socket
+is bound before the thread starts, so the port is known and never raced for.
+
+    def test_something(plan_server):                  # defaults, db in tmp_path
+        requests.post(plan_server + "/api/v1/plan", json={"model": graph})
+
+    def test_limits(plan_server_factory):              # any Settings field
+        url = plan_server_factory(rate_limit=2, api_keys=("k",))
+        url.db_path, url.settings, url.app             # what the server was built with
+
+Both yield the base URL (``http://127.0.0.1:PORT``, no trailing slash) as a ``str`` subclass that
+also carries ``settings``, ``app`` and ``db_path``. Skipped when the ``server`` extra is missing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, List, Tuple
+
+import pytest
+
+#: Seconds a server may take to start before the test fails.
+START_TIMEOUT_S = 15.0
+
+
+class ServerURL(str):
+    """The base URL of a running test server, with what it was built from."""
+
+    settings: Any
+    app: Any
+    db_path: Path
+
+
+@pytest.fixture
+def plan_server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerURL]]:
+    """A function ``(**settings) -> ServerURL`` starting one server per call; all are stopped
+    after the test. Unless given, ``db_path`` is a new file in ``tmp_path`` and ``public_url``
+    the server's own address."""
+    uvicorn = pytest.importorskip("uvicorn")
+    server_pkg = pytest.importorskip("neurarch_trace.server")
+    running: List[Tuple[Any, threading.Thread, socket.socket]] = []
+    counter = itertools.count()
+
+    def start(**overrides: Any) -> ServerURL:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        base = f"http://127.0.0.1:{port}"
+        options = {"host": "127.0.0.1", "port": port, "public_url": base,
+                   "db_path": tmp_path / f"shares-{next(counter)}.sqlite3"}
+        options.update(overrides)
+        settings = server_pkg.Settings(**options)
+        app = server_pkg.create_app(settings)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        running.append((server, thread, sock))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                pytest.fail(f"the plan service did not start on {base}")
+            time.sleep(0.01)
+        url = ServerURL(base)
+        url.settings = settings
+        url.app = app
+        url.db_path = settings.resolved_db_path()
+        return url
+
+    yield start
+    for server, thread, sock in running:
+        server.should_exit = True
+    for server, thread, sock in running:
+        thread.join(timeout=10)
+        sock.close()
+
+
+@pytest.fixture
+def plan_server(plan_server_factory: Callable[..., ServerURL]) -> ServerURL:
+    """One plan service with default settings (60 anonymous calls an hour, no keys)."""
+    return plan_server_factory()
