@@ -115,7 +115,7 @@ LLAMA = {
 def bench_meta() -> list[dict]:
     rows = []
     try:
-        import transformers  # noqa: F401
+        import transformers  # noqa: F401 - the subprocesses need it
     except ImportError:
         return rows
     for label, cfg in LLAMA.items():

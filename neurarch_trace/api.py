@@ -6,12 +6,11 @@ IPython.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from neurarch_trace.errors import TraceError
 from neurarch_trace.inputs import InputSpec, make_inputs
 from neurarch_trace.targets import load_target
 from neurarch_trace.tracer import trace_model

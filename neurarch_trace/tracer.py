@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import weakref
-from collections import OrderedDict
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -39,7 +38,7 @@ from neurarch_trace._version import __version__
 from neurarch_trace.errors import TraceError
 from neurarch_trace.flops import NODE_FORMULA_OPS, FlopMode, linear_flops, rnn_flops
 from neurarch_trace.graph import layout
-from neurarch_trace.mapping import container_spec, is_passthrough, is_whole_layer, layer_spec
+from neurarch_trace.mapping import container_spec, count_params, is_passthrough, is_whole_layer, layer_spec
 
 __all__ = ["trace_model", "unwrap_model", "dtype_name"]
 
@@ -316,7 +315,7 @@ class _Tracer:
                 self._owner[id(b)] = node.index
                 node.own_buffers += b.numel()
         node.packed_params = _packed_param_count(module)
-        param_count = node.own_params if first is None else _count_unique(module)
+        param_count = node.own_params if first is None else count_params(module)
         if getattr(module, "_neurarch_opaque", False):
             inner = module._neurarch_inner
             class_name = getattr(inner, "original_name", None) or type(inner).__name__
@@ -537,16 +536,6 @@ def _is_recurrent(module: nn.Module) -> bool:
     return type(module).__module__.startswith("torch.ao.nn.quantized") and all(
         hasattr(module, attr) for attr in ("mode", "hidden_size", "num_layers", "bidirectional", "batch_first")
     )
-
-
-def _count_unique(module: nn.Module) -> int:
-    seen: set[int] = set()
-    total = 0
-    for p in module.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
-    return total
 
 
 def _packed_param_count(module: nn.Module) -> int:

@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
 
+from canned_server import CannedServer
+
 #: Seconds a server may take to start before the test fails.
 START_TIMEOUT_S = 15.0
 
@@ -86,3 +88,33 @@ def plan_server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerURL]]:
 def plan_server(plan_server_factory: Callable[..., ServerURL]) -> ServerURL:
     """One plan service with default settings (60 anonymous calls an hour, no keys)."""
     return plan_server_factory()
+
+
+# --- the plan client's misbehaving servers (tests/canned_server.py) ----------------------------
+
+
+@pytest.fixture
+def canned() -> Iterator[CannedServer]:
+    server = CannedServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A loopback port bound but not listening: connecting is refused, and no one else takes it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The developer's own NEURARCH_API / NEURARCH_API_KEY must not leak into these tests."""
+    monkeypatch.delenv("NEURARCH_API", raising=False)
+    monkeypatch.delenv("NEURARCH_API_KEY", raising=False)

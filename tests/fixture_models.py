@@ -10,7 +10,6 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 
 class LSTMTagger(nn.Module):

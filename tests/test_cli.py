@@ -16,22 +16,12 @@ from pathlib import Path
 import pytest
 
 from graph_checks import assert_clean, by_name, sources_of
+from helpers import run_cli as run
 from neurarch_trace.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RESNET = str(ROOT / "examples" / "models" / "resnet.py")
 GPT = str(ROOT / "examples" / "models" / "gpt.py")
-
-
-def run(args: list[str], cwd: Path, capfd) -> tuple[int, str, str]:
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        code = main(args)
-    finally:
-        os.chdir(old)
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 def run_subprocess(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -250,13 +240,14 @@ def test_hf_without_transformers(tmp_path):
     assert proc.stderr == "neurarch-trace: hf: targets need the transformers package: pip install 'neurarch-trace[hf]'\n"
 
 
-def test_hf_id_not_found_offline(tmp_path, capfd, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    code, out, err = run(["hf:no-such-org/no-such-model"], tmp_path, capfd)
-    assert code == 1
-    assert err == (
+def test_hf_id_not_found_offline(tmp_path):
+    # huggingface_hub reads HF_HUB_OFFLINE when it is imported: a fresh interpreter, as a user runs it
+    proc = run_subprocess(["neurarch-trace", "hf:no-such-org/no-such-model"], tmp_path,
+                          env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")})
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr == (
         "neurarch-trace: cannot find Hugging Face model 'no-such-org/no-such-model': HF_HUB_OFFLINE is set "
         "and it is not in the local cache; download it first or pass a local folder (hf:./path)\n"
     )
-    assert list(p.name for p in tmp_path.iterdir()) == ["hf-home"] or not list(tmp_path.iterdir())
+    assert not list(tmp_path.glob("*.json"))

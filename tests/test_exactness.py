@@ -3,10 +3,7 @@ wrong"). Every expected number is computed here, independently of the tracer, wi
 
 from __future__ import annotations
 
-import dataclasses
-import sys
 import warnings
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,7 +11,8 @@ import torch
 from torch import nn
 
 import fixture_models as fm
-from graph_checks import assert_clean, by_name, sources_of, types
+from graph_checks import assert_clean, by_name, sources_of
+from helpers import load_example
 from neurarch_trace import trace_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,16 +24,6 @@ def unique_params(model: nn.Module) -> int:
 
 def node_param_sum(graph: dict) -> int:
     return sum(c["measured"].get("params", 0) for c in graph["components"])
-
-
-def load_example(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"exact_{name}", ROOT / "examples" / "models" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 # --- totals ---------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import requests
 from neurarch_trace._version import __version__
 from neurarch_trace.plan_cli import run_plan
 from neurarch_trace.plan_client import request_plan, user_agent
-from test_plan_client import CARD, CannedServer, canned, refused_port, small_graph  # noqa: F401 - fixtures
+from canned_server import CARD, CannedServer, small_graph
 
 REPO = Path(__file__).resolve().parents[1]
 RESNET = REPO / "examples" / "models" / "resnet.py"

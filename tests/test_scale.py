@@ -15,22 +15,12 @@ import torch
 from torch import nn
 
 from graph_checks import assert_clean, by_name
+from helpers import run_cli as cli
 from neurarch_trace import trace_model
-from neurarch_trace.cli import main
 from neurarch_trace.errors import TraceError
 
 ROOT = Path(__file__).resolve().parents[1]
 RESNET = str(ROOT / "examples" / "models" / "resnet.py")
-
-
-def cli(args, cwd, capfd):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        code = main(args)
-    finally:
-        os.chdir(old)
-    return (code, *capfd.readouterr())
 
 
 def test_meta_device_matches_cpu(tmp_path, capfd):

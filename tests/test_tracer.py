@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -14,18 +12,11 @@ from torch import nn
 
 import fixture_models as fm
 from graph_checks import assert_clean, by_name, sources_of, types
+from helpers import load_example
 from neurarch_trace import read_graph, trace_model, write_graph
 from neurarch_trace.errors import GraphError, TraceError
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / "models" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def module_params(model: nn.Module, qualname: str) -> int:

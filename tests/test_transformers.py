@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from graph_checks import assert_clean, by_name, sources_of, types  # noqa: E402
 from neurarch_trace import trace_model  # noqa: E402
-from neurarch_trace.cli import main  # noqa: E402
+from helpers import run_cli as _cli  # noqa: E402
 
 SMALL = dict(num_hidden_layers=2, num_attention_heads=4, vocab_size=100)
 
@@ -103,16 +101,6 @@ def test_llama_style_grouped_query_attention_and_swiglu():
     assert by_name(g2)["layers.0"]["type"] == "transformerBlock"
     assert by_name(g2)["layers.0"]["params"] == {"embedDim": 64, "numHeads": 4, "ffDim": 128}
     assert g1["measured"]["flops"] == g2["measured"]["flops"] == graph["measured"]["flops"]
-
-
-def _cli(args, cwd, capfd):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        code = main(args)
-    finally:
-        os.chdir(old)
-    return (code, *capfd.readouterr())
 
 
 def test_saved_checkpoint_through_hf_target(tmp_path, capfd):
