@@ -1,0 +1,42 @@
+"""Notebook front end: the ``%neurarch`` magic, its result object and its widget.
+
+    %load_ext neurarch_trace
+    %neurarch model --input 1,3,224,224 --plan --share
+
+:mod:`.magic` parses the line with IPython's magic arguments and calls the same tracer, graph writer
+and plan client as the command line; :mod:`.result` holds what comes back
+(:class:`NeurarchResult`: graph, path, card, url, plan, error) and renders it as text and HTML;
+:mod:`.widget` is its ipywidgets view. Importing this package imports neither IPython, ipywidgets
+nor torch; the names below load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["NeurarchResult", "NeurarchWidget", "load_ipython_extension", "unload_ipython_extension"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "NeurarchResult":
+        from neurarch_trace.notebook.result import NeurarchResult
+
+        return NeurarchResult
+    if name == "NeurarchWidget":
+        from neurarch_trace.notebook.widget import NeurarchWidget
+
+        return NeurarchWidget
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext neurarch_trace.notebook`` (same as ``%load_ext neurarch_trace``)."""
+    from neurarch_trace.notebook.magic import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from neurarch_trace.notebook.magic import unload_ipython_extension as _unload
+
+    _unload(ipython)

@@ -1,0 +1,526 @@
+"""``%neurarch`` driven through a real IPython ``InteractiveShell``: argument parsing, namespace
+lookups, errors as one line, the result object's text/HTML/widget displays, and the widget's states
+(plan button, working, card, error) against the real plan service or a scripted one on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections import UserDict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+pytest.importorskip("IPython")
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from IPython.core.error import UsageError  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+# ------------------------------------------------------------------------------------ models
+
+
+class Tiny(nn.Module):
+    """conv(3->4, 3x3) -> relu -> flatten -> linear(4*6*6 -> 5) on 3x8x8 images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)  # 3*4*9 + 4 = 112 params
+        self.act = nn.ReLU()
+        self.flat = nn.Flatten()
+        self.fc = nn.Linear(4 * 6 * 6, 5)  # 144*5 + 5 = 725 params
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.flat(self.act(self.conv(x))))
+
+
+TINY_PARAMS = 112 + 725
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+        self.b = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.a(x) + self.b(y)
+        return out * scale if scale is not None else out
+
+
+class Tokens(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.emb(input_ids)
+        if attention_mask is not None:
+            h = h * attention_mask.unsqueeze(-1)
+        return self.head(h)
+
+
+def make_tiny() -> nn.Module:
+    return Tiny()
+
+
+# ---------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def dead_api(refused_port: int) -> str:
+    """A plan service address where connections are refused."""
+    return f"http://127.0.0.1:{refused_port}"
+
+
+@pytest.fixture
+def shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_api: str) -> Iterator[InteractiveShell]:
+    """The real shell, with the extension loaded, the models in its namespace, run in ``tmp_path``.
+    ``NEURARCH_API`` points where nothing listens, so an unintended send fails loudly."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NEURARCH_API_KEY", raising=False)
+    monkeypatch.setenv("NEURARCH_API", dead_api)
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "neurarch_trace")
+    ip.user_ns.update(
+        torch=torch, nn=nn, Tiny=Tiny, TwoInputs=TwoInputs, Tokens=Tokens, make_tiny=make_tiny,
+        model=Tiny(), images=torch.randn(4, 3, 8, 8),
+    )
+    yield ip
+    for name in ("r", "batch", "pair", "enc", "mask", "ids", "scale", "bad"):
+        ip.user_ns.pop(name, None)
+
+
+def magic(ip: InteractiveShell, line: str) -> Any:
+    return ip.run_line_magic("neurarch", line)
+
+
+def usage_error(ip: InteractiveShell, line: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``%neurarch line`` as a cell; return the one line IPython printed for the UsageError."""
+    capsys.readouterr()
+    outcome = ip.run_cell(f"%neurarch {line}")
+    assert isinstance(outcome.error_in_exec, UsageError), outcome.error_in_exec
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1, err
+    assert err[0].startswith("UsageError: ")
+    return err[0][len("UsageError: "):]
+
+
+class Scripted:
+    """A plan service on loopback whose answers the test writes: counts requests, can hold an
+    answer until released, and records the last request body."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.status = 200
+        self.answer: dict = {}
+        self.release = threading.Event()
+        self.release.set()
+        self.arrived = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length", "0"))
+                outer.requests.append(json.loads(self.rfile.read(length)))
+                outer.arrived.set()
+                outer.release.wait(20)
+                body = json.dumps(outer.answer).encode()
+                self.send_response(outer.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+CARD = "+----------+\n| Tiny     |\n| <b>ok</b> |\n+----------+\n"
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Scripted]:
+    service = Scripted()
+    service.answer = {
+        "text": CARD,
+        "plan": {"run": {"legal": True, "blockers": []}, "warnings": ["no dropout before the classifier 'fc'"]},
+    }
+    monkeypatch.setenv("NEURARCH_API", service.url)
+    yield service
+    service.close()
+
+
+# ---------------------------------------------------------------------------- the extension
+
+
+def test_core_does_not_import_ipython() -> None:
+    code = (
+        "import sys, neurarch_trace, neurarch_trace.tracer, neurarch_trace.api, neurarch_trace.plan_client, "
+        "neurarch_trace.notebook, neurarch_trace.notebook.result\n"
+        "bad = [m for m in ('IPython', 'ipywidgets', 'ipykernel') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "assert callable(neurarch_trace.load_ipython_extension)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_load_registers_and_unload_removes(shell: InteractiveShell) -> None:
+    assert shell.find_line_magic("neurarch") is not None
+    shell.run_line_magic("unload_ext", "neurarch_trace")
+    assert shell.find_line_magic("neurarch") is None
+    shell.run_line_magic("load_ext", "neurarch_trace")
+    assert shell.find_line_magic("neurarch") is not None
+
+
+def test_help_documents_every_option(shell: InteractiveShell) -> None:
+    doc = shell.find_line_magic("neurarch").__doc__
+    for option in ("--input", "--plan", "--share", "--base", "--name", "--depth", "-o", "--no-save", "--verbose", "--dtype"):
+        assert option in doc, option
+    assert "nothing is sent without" in " ".join(doc.split())
+    info = shell.object_inspect("%neurarch")
+    assert info["found"] and "--share" in (info.get("docstring") or "")
+
+
+# ------------------------------------------------------------------------------- tracing
+
+
+def test_instance_is_traced_and_written_like_the_cli(shell: InteractiveShell, tmp_path: Path) -> None:
+    r = magic(shell, "model --input 1,3,8,8")
+    assert r.path == "Tiny.neurarch.json"
+    saved = json.loads((tmp_path / "Tiny.neurarch.json").read_text())
+    assert saved == r.graph
+    assert r.graph["name"] == "Tiny"
+    assert r.graph["measured"]["params"] == TINY_PARAMS
+    assert r.graph["measured"]["inputs"] == [{"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32"}]
+    assert [row["type"] for row in r.layer_rows()] == ["conv2d", "relu", "flatten", "linear"]
+    assert [row["params"] for row in r.layer_rows()] == [112, 0, 0, 725]
+    assert (r.card, r.url, r.plan, r.error) == (None, None, None, None)
+
+
+def test_class_and_factory_are_built_and_name_the_graph(shell: InteractiveShell, tmp_path: Path) -> None:
+    assert magic(shell, "Tiny --input 1,3,8,8").graph["name"] == "Tiny"
+    r = magic(shell, "make_tiny --input 1,3,8,8")
+    assert r.graph["name"] == "make_tiny" and r.path == "make_tiny.neurarch.json"
+    assert magic(shell, "Tiny() --input 2,3,8,8 --no-save").graph["measured"]["batchSize"] == 2
+
+
+def test_assignment_form(shell: InteractiveShell) -> None:
+    outcome = shell.run_cell("r = %neurarch model --input 1,3,8,8 --no-save")
+    assert outcome.success
+    assert type(shell.user_ns["r"]).__name__ == "NeurarchResult"
+
+
+def test_output_name_depth_and_no_save(shell: InteractiveShell, tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    r = magic(shell, "model --input 1,3,8,8 -o out/t.neurarch.json --name Mine")
+    assert r.path == "out/t.neurarch.json" and (tmp_path / "out/t.neurarch.json").exists()
+    assert r.graph["name"] == "Mine"
+    r = magic(shell, "model --input 1,3,8,8 --no-save")
+    assert r.path is None
+    r = magic(shell, "model --input 1,3,8,8 -o ''")
+    assert r.path is None
+    assert not list(tmp_path.glob("*.neurarch.json"))
+    nested = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 2))
+    shell.user_ns["nested"] = nested
+    assert len(magic(shell, "nested --input 1,4 --no-save --depth 1").layer_rows()) == 2
+    assert len(magic(shell, "nested --input 1,4 --no-save").layer_rows()) == 3
+
+
+def test_dtype_and_keyword_specs(shell: InteractiveShell) -> None:
+    r = magic(shell, "Tokens --input 2,5:long --input attention_mask=2,5:long --no-save")
+    inputs = r.graph["measured"]["inputs"]
+    assert [(i["name"], i["shape"], i["dtype"]) for i in inputs] == [
+        ("input_ids", [2, 5], "int64"), ("attention_mask", [2, 5], "int64")]
+    r = magic(shell, "Tokens --input 1,5 --dtype long --no-save")
+    assert r.graph["measured"]["inputs"][0]["dtype"] == "int64"
+
+
+# -------------------------------------------------------------------------- namespace inputs
+
+
+def test_input_names_a_tensor_in_the_namespace(shell: InteractiveShell) -> None:
+    r = magic(shell, "model --input images --no-save")
+    assert r.graph["measured"]["batchSize"] == 4
+    assert r.graph["measured"]["inputs"][0]["shape"] == [4, 3, 8, 8]
+    assert r.source["input"] == "4,3,8,8:float32" and r.source["target"] == "model"
+
+
+def test_tuple_spreads_dict_gives_keywords(shell: InteractiveShell) -> None:
+    shell.user_ns["pair"] = (torch.randn(3, 4), torch.randn(3, 6))
+    r = magic(shell, "TwoInputs --input pair --no-save")
+    assert [(i["name"], i["shape"]) for i in r.graph["measured"]["inputs"]] == [("x", [3, 4]), ("y", [3, 6])]
+    shell.user_ns["batch"] = {"x": torch.randn(2, 4), "y": torch.randn(2, 6)}
+    r = magic(shell, "TwoInputs --input batch --no-save")
+    assert [(i["name"], i["shape"]) for i in r.graph["measured"]["inputs"]] == [("x", [2, 4]), ("y", [2, 6])]
+    # A tokenizer's BatchEncoding is a UserDict, not a dict.
+    shell.user_ns["enc"] = UserDict({"input_ids": torch.randint(0, 50, (2, 7)), "attention_mask": torch.ones(2, 7, dtype=torch.long)})
+    r = magic(shell, "Tokens --input enc --no-save")
+    assert [i["name"] for i in r.graph["measured"]["inputs"]] == ["input_ids", "attention_mask"]
+
+
+def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveShell) -> None:
+    shell.user_ns["ids"] = torch.randint(0, 50, (3, 5))
+    r = magic(shell, "Tokens --input ids --input attention_mask=1,5:long --no-save")
+    assert [(i["name"], i["shape"]) for i in r.graph["measured"]["inputs"]] == [("input_ids", [3, 5]), ("attention_mask", [1, 5])]
+    shell.user_ns["scale"] = torch.ones(2, 3)
+    r = magic(shell, "TwoInputs --input 2,4 --input 2,6 --input scale=scale --no-save")
+    assert [i["name"] for i in r.graph["measured"]["inputs"]] == ["x", "y", "scale"]
+    assert r.source["input"] == "2,4 2,6 scale=2,3:float32"
+    r = magic(shell, "model --input images[:2] --no-save")  # any expression
+    assert r.graph["measured"]["batchSize"] == 2
+
+
+# --------------------------------------------------------------------------- errors, one line
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("modle --input 1,3,8,8", "no variable named 'modle' in the notebook"),
+    ("model( --input 1,3,8,8", "is not a Python expression"),
+    ("torch.zeros(3) --input 1,3,8,8", "is a Tensor, not an nn.Module"),
+    ("nn.Linear --input 1,3", "calling Linear() failed"),
+    ("model --input 1,3,x", "dimension 'x' is not a positive integer"),
+    ("model --input 1,3,8,8:float99", "unknown dtype 'float99'"),
+    ("model --input batch", "no variable named 'batch'"),
+    ("model --input 1,3", "the forward pass failed"),
+    ("model", "no --input given"),
+    ("model --input 1,3,8,8 --depth -1", "--depth must be 0 or more"),
+    ("model --input 1,3,8,8 --base x.neurarch.json", "--base needs --plan or --share"),
+    ("model --input 1,3,8,8 -o -", "has no meaning in a notebook"),
+    ("model --input 1,3,8,8 -o a.json --no-save", "contradict"),
+    ("model --input 1,3,8,8 -o nowhere/a.neurarch.json", "folder"),
+    ("model --input 1,3,8,8 --plan --base missing.neurarch.json", "--base: graph file missing.neurarch.json does not exist"),
+    ("model --input 1,3,8,8 --frobnicate", "unrecognized arguments: --frobnicate"),
+    ("model --input 1,3,8,8 --depth x", "invalid int value"),
+])
+def test_user_errors_are_one_line(shell: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str, expected: str) -> None:
+    assert expected in usage_error(shell, line, capsys)
+
+
+def test_namespace_values_that_are_not_inputs(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    shell.user_ns["bad"] = 3
+    assert "is a int: give a tensor" in usage_error(shell, "model --input bad", capsys)
+    shell.user_ns["bad"] = {"input_ids": [1, 2, 3]}
+    assert "return_tensors='pt'" in usage_error(shell, "Tokens --input bad", capsys)
+    shell.user_ns["bad"] = ("a", "b")
+    assert "with no tensor in it" in usage_error(shell, "model --input bad", capsys)
+    shell.user_ns["mask"] = torch.ones(1, 5, dtype=torch.long)
+    assert "follows a keyword input" in usage_error(shell, "Tokens --input attention_mask=mask --input 1,5:long", capsys)
+    assert "is given twice" in usage_error(shell, "Tokens --input 1,5:long --input attention_mask=mask --input attention_mask=1,5:long", capsys)
+    shell.user_ns["bad"] = torch.tensor(3.0)
+    assert "0-d tensor" in usage_error(shell, "model --input bad", capsys)
+
+
+def test_invalid_service_address_fails_before_tracing(shell: InteractiveShell, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("NEURARCH_API", "ftp://example")
+    assert "NEURARCH_API 'ftp://example' is not an http(s) URL" in usage_error(shell, "model --input 1,3,8,8 --plan", capsys)
+    assert not list(tmp_path.glob("*.neurarch.json"))
+
+
+def test_verbose_adds_the_traceback(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    outcome = shell.run_cell("%neurarch model --input 1,3 --verbose")
+    assert isinstance(outcome.error_in_exec, UsageError)
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "RuntimeError" in err
+    assert err.rstrip().splitlines()[-1].startswith("UsageError: the forward pass failed")
+
+
+# ------------------------------------------------------------------------------------ plans
+
+
+def test_plan_and_share_against_the_real_service(shell: InteractiveShell, plan_server: str, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("NEURARCH_API", str(plan_server))
+    capsys.readouterr()
+    r = magic(shell, "model --input 1,3,8,8 --plan")
+    out = capsys.readouterr().out
+    host = plan_server.split("://", 1)[1]
+    assert out.strip() == (f"Sending the graph (4 layers; shapes and hyperparameters, no weights) to {host} "
+                           "for the plan; nothing is stored (add --share for a public link).")
+    assert r.card.startswith("+---") and "| Runs" in r.card
+    assert r.url is None and r.error is None and r.blocked is False
+    assert r.plan["model"]["params"] == TINY_PARAMS
+    assert (tmp_path / "Tiny.neurarch.json").exists()
+
+    r = magic(shell, "model --input 1,3,8,8 --share -o tiny2.neurarch.json")
+    assert r.url.startswith(str(plan_server) + "/p/")
+    text = str(r)
+    assert text.startswith(r.card.rstrip("\n")) and f"Share: {r.url}" in text
+    r = magic(shell, "model --input 2,3,8,8 --plan --base Tiny.neurarch.json --no-save")
+    assert r.plan["diff"] is not None
+
+
+def test_plan_failure_keeps_the_graph_and_carries_the_error(shell: InteractiveShell, tmp_path: Path, dead_api: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    r = magic(shell, "model --input 1,3,8,8 --plan")  # NEURARCH_API refuses connections
+    err = capsys.readouterr().err.strip().splitlines()
+    host = dead_api.split("://", 1)[1]
+    assert len(err) == 1 and err[0].startswith(f"neurarch: plan failed: could not connect to the plan service at {host}")
+    assert r.error.startswith("could not connect") and r.error.endswith("the graph is still at Tiny.neurarch.json")
+    assert "\n" not in r.error and r.traceback is None and r.card is None
+    assert (tmp_path / "Tiny.neurarch.json").exists()
+    assert "Plan failed: could not connect" in str(r)
+    r = magic(shell, "model --input 1,3,8,8 --plan --verbose --no-save")
+    assert "Traceback" in r.traceback and "Traceback" in capsys.readouterr().err
+
+
+def test_share_error_and_status_error(shell: InteractiveShell, scripted: Scripted,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    scripted.answer = {"text": CARD, "share_error": "storage is full"}
+    capsys.readouterr()
+    r = magic(shell, "model --input 1,3,8,8 --share --no-save")
+    assert r.card == CARD and r.url is None and r.share_error == "storage is full"
+    assert capsys.readouterr().err.strip() == "neurarch: no share link: storage is full"
+    scripted.status, scripted.answer = 503, {"error": "down for maintenance"}
+    r = magic(shell, "model --input 1,3,8,8 --plan --no-save")
+    assert r.error == f"the plan service at {scripted.url.split('://')[1]} answered 503: down for maintenance"
+
+
+def test_nothing_is_sent_without_plan_or_click(shell: InteractiveShell, scripted: Scripted) -> None:
+    r = magic(shell, "model --input 1,3,8,8 --no-save")
+    r.widget  # building the view sends nothing either
+    str(r), r._repr_html_()
+    assert scripted.requests == []
+    r.request_plan()
+    assert len(scripted.requests) == 1
+    body = scripted.requests[0]
+    assert body["share"] is False and body["source"]["target"] == "model" and body["source"]["input"] == "1,3,8,8"
+    assert set(body) == {"model", "share", "source"}  # the graph, never weights or code
+
+
+# ---------------------------------------------------------------------------------- display
+
+
+def test_text_and_html_where_widgets_cannot_render(shell: InteractiveShell, scripted: Scripted) -> None:
+    r = magic(shell, "model --input 1,3,8,8 --no-save")
+    data, _ = shell.display_formatter.format(r)
+    assert WIDGET_VIEW not in data  # no kernel: a terminal or plain shell
+    # FLOPs: conv 4x6x6 outputs x 27 MACs x 2 = 7,776; linear 144 x 5 MACs x 2 = 1,440; 9,216 in all.
+    assert r.graph["measured"]["flops"] == 9216
+    assert data["text/plain"].splitlines()[0] == "Tiny: 4 layers, 837 params, 9.2 KFLOPs at batch 1"
+    assert "Not planned: nothing was sent" in data["text/plain"]
+    html = data["text/html"]
+    assert "<details><summary>Layers (4)</summary>" in html and "<script" not in html
+    scripted.answer["url"] = "http://127.0.0.1/p/abc?x=1&y=2"
+    r = magic(shell, "model --input 1,3,8,8 --share --no-save")
+    data, _ = shell.display_formatter.format(r)
+    assert data["text/plain"].startswith(CARD.rstrip("\n")) and "Share: http://127.0.0.1/p/abc?x=1&y=2" in data["text/plain"]
+    html = data["text/html"]
+    assert '<pre class="neurarch-card"' in html and "&lt;b&gt;ok&lt;/b&gt;" in html and "<b>ok</b>" not in html
+    assert 'href="http://127.0.0.1/p/abc?x=1&amp;y=2"' in html
+    assert "no dropout before the classifier" in html
+
+
+def test_widget_view_in_a_kernel(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ipywidgets")
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)
+    r = magic(shell, "model --input 1,3,8,8 --no-save")
+    data, _ = shell.display_formatter.format(r)
+    assert data[WIDGET_VIEW]["model_id"] == r.widget.box.model_id
+    assert "text/plain" in data and "text/html" in data  # fallbacks travel with the view
+
+
+# ----------------------------------------------------------------------------------- widget
+
+
+def test_widget_without_a_plan(shell: InteractiveShell, scripted: Scripted) -> None:
+    pytest.importorskip("ipywidgets")
+    r = magic(shell, "model --input 1,3,8,8 --no-save")
+    w = r.widget
+    host = scripted.url.split("://", 1)[1]
+    assert "Tiny" in w.header.value and "4 layers" in w.header.value and "837 params" in w.header.value
+    assert "Input <code>x</code> 1x3x8x8 float32" in w.header.value and "Output 5 per sample" in w.header.value
+    assert w.table.selected_index is None and w.table.get_title(0) == "Layers (4)"
+    assert "<td style" in w.table.children[0].value and "4x6x6" in w.table.children[0].value
+    assert w.button.description == f"Get the plan: send the graph (4 layers, no weights) to {host}"
+    assert host in w.button.tooltip and "nothing is stored" in w.button.tooltip
+    w.share_box.value = True
+    assert w.button.description == f"Get the plan and a public link: send the graph (4 layers, no weights) to {host}"
+    assert w.card.layout.display == "none" and w.link.layout.display == "none"
+    assert scripted.requests == []
+
+
+def test_widget_click_working_then_card(shell: InteractiveShell, scripted: Scripted) -> None:
+    pytest.importorskip("ipywidgets")
+    r = magic(shell, "model --input 1,3,8,8 --no-save")
+    w = r.widget
+    scripted.answer["url"] = scripted.url + "/p/xyz"
+    scripted.release.clear()
+    w.click(share=True)
+    assert scripted.arrived.wait(10)
+    assert w.working and w.button.disabled and w.button.description == "Working..."
+    assert "Working: sending the graph" in w.status.value and "<svg" in w.status.value
+    w.click()  # a second click while working sends nothing more
+    scripted.release.set()
+    assert w.wait(10)
+    assert len(scripted.requests) == 1 and scripted.requests[0]["share"] is True
+    assert not w.working and r.card == CARD and r.url == scripted.url + "/p/xyz"
+    assert 'class="neurarch-card"' in w.card.value and "&lt;b&gt;ok&lt;/b&gt;" in w.card.value
+    assert f'href="{scripted.url}/p/xyz"' in w.link.value and "neurarch-copy" in w.link.value
+    assert "navigator.clipboard" in w.link.value
+    assert "no dropout before the classifier" in w.issues.value and "Blockers:</b> none" in w.issues.value
+    assert w.header.layout.display == "none" and w.controls.layout.display == "none"
+
+
+def test_widget_shows_blockers_and_a_failure_as_one_line(shell: InteractiveShell, scripted: Scripted) -> None:
+    pytest.importorskip("ipywidgets")
+    r = magic(shell, "model --input 1,3,8,8 -o t.neurarch.json")
+    w = r.widget
+    scripted.status, scripted.answer = 500, {"error": "the planner crashed"}
+    w.click()
+    assert w.wait(10)
+    assert "Plan failed:</b> the plan service at" in w.status.value and "the planner crashed" in w.status.value
+    assert "the graph is still at t.neurarch.json" in w.status.value and "traceback" not in w.status.value
+    assert not w.button.disabled and w.button.description.startswith("Get the plan")
+    scripted.status = 200
+    scripted.answer = {"text": CARD, "plan": {"run": {"legal": False, "blockers": ["shapes do not match at 'fc'"]}, "warnings": []}}
+    w.click()
+    assert w.wait(10)
+    assert r.error is None and r.blocked is True and w.status.value == ""
+    assert "Blockers (1)" in w.issues.value and "shapes do not match at &#x27;fc&#x27;" in w.issues.value
+    # Planned without a link: the button now offers the link only.
+    assert w.controls.layout.display is None and w.button.description.startswith("Get a public share link")
+
+
+def test_widget_verbose_failure_has_a_traceback(shell: InteractiveShell, scripted: Scripted) -> None:
+    pytest.importorskip("ipywidgets")
+    r = magic(shell, "model --input 1,3,8,8 --no-save --verbose")
+    scripted.status, scripted.answer = 500, {"error": "boom"}
+    r.widget.click()
+    assert r.widget.wait(10)
+    assert "<details><summary" in r.widget.status.value and "Traceback" in r.widget.status.value
+
+
+def test_widget_rechecks_the_host_before_sending(shell: InteractiveShell, scripted: Scripted, dead_api: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ipywidgets")
+    r = magic(shell, "model --input 1,3,8,8 --no-save")
+    w = r.widget
+    monkeypatch.setenv("NEURARCH_API", dead_api)
+    host = dead_api.split("://", 1)[1]
+    w.click()
+    assert w.wait(5) and scripted.requests == [] and r.card is None and r.error is None
+    assert f"The plan service is now {host}" in w.status.value
+    assert w.button.description.endswith(f"to {host}")
