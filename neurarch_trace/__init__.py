@@ -47,6 +47,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'neurarch_trace' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext neurarch_trace``: registers the ``%neurarch`` magic (imports IPython lazily)."""
     from neurarch_trace.notebook.magic import load_ipython_extension as _load

@@ -38,6 +38,8 @@ def trace_target(
     depth: int | None = None,
     device: str = "cpu",
     weights: bool = False,
+    hf_class: str = "AutoModel",
+    quiet: bool = True,
     progress: Any = None,
 ) -> tuple[dict, str]:
     """Load ``target``, make seeded random inputs from ``specs`` and trace one forward pass.
@@ -49,7 +51,7 @@ def trace_target(
     if progress is not None:
         progress.step("building the model")
     torch.manual_seed(0)
-    loaded = load_target(target, device=device, weights=weights)
+    loaded = load_target(target, device=device, weights=weights, hf_class=hf_class, quiet=quiet)
     graph_name = name or loaded.name
     graph = trace_module(
         loaded.model,

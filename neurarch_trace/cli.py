@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "without allocating weights or activations (default for hf: targets)")
     parser.add_argument("--weights", action="store_true",
                         help="hf: only: load the checkpoint's real weights instead of building from config.json alone")
+    parser.add_argument("--hf-class", default="AutoModel", metavar="CLASS",
+                        help="hf: only: the transformers class that builds the model (default AutoModel, the bare "
+                             "model without a task head; e.g. AutoModelForCausalLM adds the LM head)")
     parser.add_argument("--verbose", action="store_true", help="print the full traceback on failure")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     plan_cli = _plan_cli()
@@ -131,6 +134,8 @@ def _trace_command(args: argparse.Namespace) -> int:
         raise TargetError(f"--depth must be 0 or more, not {args.depth}")
     if args.weights and not is_hf:
         raise TargetError("--weights applies to hf: targets only")
+    if args.hf_class != "AutoModel" and not is_hf:
+        raise TargetError("--hf-class applies to hf: targets only")
     input_texts = args.input or ([ "1,16"] if is_hf else [])
     if not input_texts:
         raise NeurarchError("no --input given: pass one per forward argument, batch first, e.g. --input 1,3,224,224")
@@ -164,6 +169,8 @@ def _trace_command(args: argparse.Namespace) -> int:
             depth=args.depth,
             device=device,
             weights=args.weights,
+            hf_class=args.hf_class,
+            quiet=not args.verbose,
             progress=progress,
         )
     layers = sum(1 for c in graph["components"] if c["type"] not in ("input", "output"))
@@ -176,7 +183,10 @@ def _trace_command(args: argparse.Namespace) -> int:
     else:
         path = out_path or f"{_file_stem(graph['name'])}.neurarch.json"
         progress.step("writing the graph")
-        write_graph(graph, path)
+        try:
+            write_graph(graph, path)
+        except OSError as exc:
+            raise NeurarchError(exc.strerror if exc.strerror and str(path) in exc.strerror else f"cannot write {path}: {exc}") from exc
         progress.clear()
         print(f"wrote {path} ({layers} layers, {len(graph['connections'])} connections)", file=sys.stderr, flush=True)
     if plan_cli is not None and (getattr(args, "plan", False) or getattr(args, "share", False)):

@@ -9,6 +9,7 @@ stripped). This module imports no torch, so the plan client and the plan service
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -190,21 +191,29 @@ def write_graph(graph: dict, path: str | os.PathLike[str], *, validate: bool = T
 
     Raises:
         GraphError: ``validate`` is true and the graph breaks the contract (nothing is written).
-        OSError: the folder does not exist or is not writable.
+        OSError: the folder does not exist or is not writable; ``str()`` names ``path``.
     """
     if validate:
         check_graph(graph)
     text = dumps_graph(graph)
     p = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(p))
-    fd, tmp = tempfile.mkstemp(prefix=".neurarch-", suffix=".tmp", dir=folder)
+    target = os.path.realpath(p)  # writing through a symbolic link updates the file it points to
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise OSError(errno.ENOENT, f"cannot write {p}: folder {folder} does not exist")
+    if os.path.isdir(target):
+        raise OSError(errno.EISDIR, f"cannot write {p}: it is a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".neurarch-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write {p}: {exc.strerror} (folder {folder})") from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)

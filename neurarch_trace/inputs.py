@@ -135,8 +135,11 @@ def make_inputs(
             )
         if spec.name is not None and spec.name in kwargs:
             raise InputSpecError(f"--input {spec.name}= is given twice")
-        tensor = _random(spec.shape, dtype, high, generator, is_mask=bool(spec.name and "mask" in spec.name.lower()))
-        tensor = tensor.to(device) if str(device) != "cpu" else tensor
+        if str(device) == "meta":  # no values, no memory: shapes and dtypes are all a meta trace needs
+            tensor = torch.empty(spec.shape, dtype=dtype, device="meta")
+        else:
+            tensor = _random(spec.shape, dtype, high, generator, is_mask=bool(spec.name and "mask" in spec.name.lower()))
+            tensor = tensor.to(device) if str(device) != "cpu" else tensor
         if spec.name is None:
             args.append(tensor)
         else:

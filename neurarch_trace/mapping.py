@@ -286,7 +286,9 @@ try:  # pragma: no branch - present in every supported torch
 except ImportError:  # pragma: no cover
     pass
 
-# Third-party layers recognised by exact class name (transformers' activations and norms).
+# Third-party layers recognised by exact class name, only when the class comes from these packages
+# (transformers' activations, norms, GPT-2's Conv1D and rotary embeddings).
+_THIRD_PARTY = ("transformers.",)
 _NAMED_TABLE: dict[str, Callable[[Any], Spec]] = {
     "Conv1D": _hf_conv1d,
     "GELUActivation": _simple("gelu"),
@@ -319,6 +321,8 @@ def _lookup(mod: nn.Module) -> Callable[[Any], Spec] | None:
             return fn
         if cls is nn.Module:
             break
+    if not type(mod).__module__.startswith(_THIRD_PARTY):
+        return None  # a user's own class named RMSNorm is not trusted to be one: never guess
     name = type(mod).__name__
     fn = _NAMED_TABLE.get(name)
     if fn is not None:

@@ -40,7 +40,8 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def load_target(target: str, *, device: str = "cpu", weights: bool = False) -> LoadedTarget:
+def load_target(target: str, *, device: str = "cpu", weights: bool = False, hf_class: str = "AutoModel",
+                quiet: bool = True) -> LoadedTarget:
     """Build the model a target names.
 
     Args:
@@ -49,6 +50,9 @@ def load_target(target: str, *, device: str = "cpu", weights: bool = False) -> L
             its config on this device).
         weights: ``hf:`` only: load the checkpoint's real weights (downloads them for a hub id)
             instead of building from ``config.json`` alone. Parameter counts are the same.
+        hf_class: ``hf:`` only: the transformers class that builds the model, ``AutoModel`` (the
+            bare model, no task head) by default; ``AutoModelForCausalLM`` adds the LM head.
+        quiet: ``hf:`` only: silence transformers' own warnings and progress bars.
 
     Raises:
         TargetError: an unknown target form, a missing file or attribute, an import that fails, a
@@ -57,7 +61,7 @@ def load_target(target: str, *, device: str = "cpu", weights: bool = False) -> L
     """
     check_target_form(target)
     if target.startswith("hf:"):
-        return _load_hf(target[3:], device=device, weights=weights)
+        return _load_hf(target[3:], device=device, weights=weights, hf_class=hf_class, quiet=quiet)
     where, attr = target.rsplit(":", 1)
     if where.endswith(".py") or os.sep in where or "/" in where:
         module = _import_file(where)
@@ -151,12 +155,15 @@ def resolve_attribute(module: Any, attr: str, *, where: str) -> nn.Module:
             factory that raises or returns something that is not an ``nn.Module``.
     """
     obj = module
+    walked: list[str] = []
     for part in attr.split("."):
         if not hasattr(obj, part):
-            offers = _offers(module)
+            offers = _offers(obj)
             hint = f"; it offers {', '.join(offers)}" if offers else ""
-            raise TargetError(f"{where} has no attribute {attr!r}{hint}")
+            owner = where if not walked else f"{where}:{'.'.join(walked)}"
+            raise TargetError(f"{owner} has no attribute {part!r}{hint}")
         obj = getattr(obj, part)
+        walked.append(part)
     return as_module(obj, label=f"{where}:{attr}")
 
 
@@ -188,20 +195,32 @@ def as_module(obj: Any, *, label: str) -> nn.Module:
     return built
 
 
-def _offers(module: Any) -> list[str]:
+def _offers(owner: Any) -> list[str]:
+    """What a module (or a class holding models) defines that could be a target."""
+    home = getattr(owner, "__name__", None) if inspect.ismodule(owner) else getattr(owner, "__module__", None)
     names = []
-    for name, value in sorted(vars(module).items()):
+    try:
+        items = sorted(vars(owner).items())
+    except TypeError:
+        return names
+    for name, value in items:
         if name.startswith("_"):
             continue
-        if isinstance(value, nn.Module) or (inspect.isclass(value) and issubclass(value, nn.Module)):
-            if getattr(value, "__module__", None) == getattr(module, "__name__", None) or isinstance(value, nn.Module):
-                names.append(name)
-        elif inspect.isfunction(value) and value.__module__ == getattr(module, "__name__", None):
+        if isinstance(value, nn.Module):
+            names.append(name)
+        elif inspect.isclass(value) and getattr(value, "__module__", None) == home:
+            names.append(name)
+        elif inspect.isfunction(value) and value.__module__ == home:
             names.append(name)
     return names[:12]
 
 
-def _load_hf(ident: str, *, device: str, weights: bool) -> LoadedTarget:
+def _looks_like_path(ident: str) -> bool:
+    # a hub id is "name" or "org/name"; anything else that names the file system is a path
+    return ident.startswith((".", "/", "~")) or ident.count("/") > 1 or os.sep != "/" and os.sep in ident
+
+
+def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoModel", quiet: bool = True) -> LoadedTarget:
     if not ident:
         raise TargetError("hf: needs a repo id or a local folder, e.g. hf:bert-base-uncased or hf:./my-checkpoint")
     try:
@@ -210,14 +229,28 @@ def _load_hf(ident: str, *, device: str, weights: bool) -> LoadedTarget:
         raise TargetError(
             "hf: targets need the transformers package: pip install 'neurarch-trace[hf]'"
         ) from exc
+    if quiet:
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    builder = getattr(transformers, hf_class, None)
+    if builder is None or not hasattr(builder, "from_config"):
+        raise TargetError(
+            f"--hf-class {hf_class!r} is not a transformers model class: use AutoModel, AutoModelForCausalLM, "
+            "AutoModelForSequenceClassification, ... or a class such as LlamaForCausalLM"
+        )
+    ident = os.path.expanduser(ident)
     local = os.path.isdir(ident)
     if os.path.exists(ident) and not local:
         raise TargetError(f"hf:{ident} is a file: give the checkpoint folder that holds config.json")
+    if not local and _looks_like_path(ident):
+        raise TargetError(f"hf:{ident}: folder {ident} does not exist")
     if local and not os.path.exists(os.path.join(ident, "config.json")):
         raise TargetError(f"hf:{ident} has no config.json: give a folder written by save_pretrained, or a hub repo id")
     try:
         config = transformers.AutoConfig.from_pretrained(ident)
     except OSError as exc:
+        if local:
+            raise TargetError(f"hf:{ident}: cannot read {os.path.join(ident, 'config.json')}: {_one_line(exc)}") from exc
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
         why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else "it is neither a local folder nor a repo the hub or the local cache has"
         raise TargetError(
@@ -227,12 +260,12 @@ def _load_hf(ident: str, *, device: str, weights: bool) -> LoadedTarget:
         raise TargetError(f"hf:{ident}: transformers cannot read its config: {_one_line(exc)}") from exc
     try:
         if weights:
-            model = transformers.AutoModel.from_pretrained(ident, config=config)
+            model = builder.from_pretrained(ident, config=config)
             if device != "cpu":
                 model = model.to(device)
         else:
             with _device(device):
-                model = transformers.AutoModel.from_config(config)
+                model = builder.from_config(config)
     except OSError as exc:
         raise TargetError(f"cannot load the weights of Hugging Face model {ident!r}: {_one_line(exc)}") from exc
     except (ValueError, KeyError, ImportError) as exc:

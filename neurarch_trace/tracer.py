@@ -435,8 +435,10 @@ class _Tracer:
         node.scope = scope or None
         for _, prov in operands:
             self._take_sources(node, prov)
-        first = operands[0][0]
+        # the operand computed by a layer, rather than a parameter (a ViT's class token), is the input
+        first = next((t for t, prov in operands if any(isinstance(k, int) for k in prov)), operands[0][0])
         node.input_shape = self.batchless(first, None, 0, is_output=False)
+        node.extra["inputShapes"] = [self.batchless(t, None, 0, is_output=False) for t, _ in operands]
         outs = list(_iter_tensors(out))
         for t in outs:
             node.output_shapes.append(self.batchless(t, None, 0, is_output=True))
@@ -815,6 +817,8 @@ def _build_graph(tracer: _Tracer, graph_name: str, output: Any, named_inputs: li
     for node in nodes:
         node.input_shape = _strip(node.input_shape, batch) if node.input_shape is not None else None
         node.output_shapes = [_strip(raw, batch) for raw in node.output_shapes]
+        if "inputShapes" in node.extra:
+            node.extra["inputShapes"] = [_strip(raw, batch) for raw in node.extra["inputShapes"]]
         if node.type == "input":
             node.params = {"shape": node.output_shapes[0]}
 
@@ -882,6 +886,8 @@ def _build_graph(tracer: _Tracer, graph_name: str, output: Any, named_inputs: li
             else:
                 measured["flops"] = node.flops
                 layer_flops += node.flops
+            if "inputShapes" in node.extra:
+                measured["inputShapes"] = node.extra["inputShapes"]
             if node.output_dtype is not None:
                 measured["outputDtype"] = node.output_dtype
             measured["outputBytes"] = node.output_bytes

@@ -251,3 +251,44 @@ def test_hf_id_not_found_offline(tmp_path):
         "and it is not in the local cache; download it first or pass a local folder (hf:./path)\n"
     )
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_user_class_named_like_a_known_layer_is_not_trusted(tmp_path, capfd):
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        class RMSNorm(nn.Module):      # the name says norm, the forward is a matmul
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.ones(8, 8))
+            def forward(self, x):
+                return x @ self.weight
+        def Net():
+            return nn.Sequential(nn.Linear(8, 8), RMSNorm())
+    """))
+    code, _, err = run(["m.py:Net", "--input", "1,8", "-o", "g.json"], tmp_path, capfd)
+    assert code == 0, err
+    node = by_name(json.loads((tmp_path / "g.json").read_text()))["1"]
+    assert node["type"] == "customModule"
+    assert node["params"] == {"className": "RMSNorm", "paramCount": 64}
+
+
+def test_nested_attribute_typo_names_the_class(tmp_path, capfd):
+    (tmp_path / "zoo.py").write_text("from torch import nn\nclass Zoo:\n    class Net(nn.Linear):\n        pass\n")
+    code, _, err = run(["zoo.py:Zoo.Nett", "--input", "1,4"], tmp_path, capfd)
+    assert code == 1
+    assert err == "neurarch-trace: zoo.py:Zoo has no attribute 'Nett'; it offers Net\n"
+
+
+def test_output_through_a_symlink_and_an_unwritable_place(tmp_path, capfd):
+    (tmp_path / "good.py").write_text(GOOD_MODULE)
+    (tmp_path / "real.json").write_text("old")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    code, _, err = run(["good.py:Net", "--input", "1,4", "-o", "link.json"], tmp_path, capfd)
+    assert code == 0, err
+    assert (tmp_path / "link.json").is_symlink()
+    assert json.loads((tmp_path / "real.json").read_text())["name"] == "Net"
+    code, out, err = run(["good.py:Net", "--input", "1,4", "-o", "/proc/version"], tmp_path, capfd)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("neurarch-trace: cannot write /proc/version"), err
+    assert "internal error" not in err

@@ -177,3 +177,18 @@ def test_trace_error_on_meta_is_a_trace_error():
 
     with pytest.raises(TraceError, match="meta device"):
         trace_model(nn.Sequential(nn.Linear(2, 2), Item()).to("meta"), torch.randn(1, 2, device="meta"))
+
+
+def test_meta_inputs_allocate_nothing(tmp_path, capfd):
+    # 1 x 3 x 100,000 x 100,000 float32 would be 120 GB on the CPU
+    (tmp_path / "conv.py").write_text(
+        "from torch import nn\n"
+        "def Net():\n"
+        "    return nn.Sequential(nn.Conv2d(3, 8, 16, stride=16), nn.ReLU(), nn.AdaptiveAvgPool2d(1))\n")
+    code, _, err = cli(["conv.py:Net", "--input", "1,3,100000,100000", "--device", "meta", "-o", "g.json"],
+                       tmp_path, capfd)
+    assert code == 0, err
+    graph = json.loads((tmp_path / "g.json").read_text())
+    assert by_name(graph)["0"]["outputShape"] == [8, 6250, 6250]
+    # 8 x 6250 x 6250 outputs, each 3 x 16 x 16 multiply-adds
+    assert graph["measured"]["flops"] == 2 * 8 * 6250 * 6250 * 3 * 16 * 16

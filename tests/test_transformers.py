@@ -140,3 +140,40 @@ def test_real_minilm_checkpoint(tmp_path, capfd, monkeypatch):
     assert t["linear"] == 6 * 6 + 1 and t["layerNorm"] == 1 + 6 * 2 and t["embedding"] == 3
     assert by_name(graph)["embeddings.word_embeddings"]["params"] == {"vocabSize": 30522, "embeddingDim": 384}
     assert by_name(graph)["encoder.layer.5.output.LayerNorm"]["outputShape"] == [16, 384]
+
+
+def test_hf_class_adds_the_task_head(tmp_path, capfd):
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_key_value_heads=2, **SMALL)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "lm")
+    capfd.readouterr()
+    code, _, err = _cli(["hf:lm", "--hf-class", "AutoModelForCausalLM", "-o", "lm.json"], tmp_path, capfd)
+    assert code == 0, err
+    graph = json.loads((tmp_path / "lm.json").read_text())
+    assert by_name(graph)["lm_head"]["type"] == "lmHead"
+    assert by_name(graph)["lm_head"]["params"] == {"embedDim": 64, "vocabSize": 100, "bias": False,
+                                                   "weightTied": False}
+    with torch.device("meta"):
+        reference = transformers.LlamaForCausalLM(cfg)
+    assert graph["measured"]["params"] == unique_params(reference)
+    code, _, err = _cli(["hf:lm", "--hf-class", "NoSuchClass"], tmp_path, capfd)
+    assert code == 1 and "--hf-class 'NoSuchClass' is not a transformers model class" in err
+
+
+@pytest.mark.parametrize(
+    "target, config, message",
+    [
+        ("hf:./no/such/folder", None, "hf:./no/such/folder: folder ./no/such/folder does not exist"),
+        ("hf:broken", "{not json", "hf:broken: cannot read broken/config.json: OSError: It looks like the config file"),
+        ("hf:empty", None, "hf:empty has no config.json"),
+    ],
+)
+def test_hf_folder_errors(tmp_path, capfd, target, config, message):
+    folder = tmp_path / target[3:]
+    if config is not None:
+        folder.mkdir()
+        (folder / "config.json").write_text(config)
+    elif target == "hf:empty":
+        folder.mkdir()
+    code, out, err = _cli([target], tmp_path, capfd)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and message in err, err
