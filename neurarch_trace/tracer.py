@@ -26,6 +26,7 @@ restored and every hook removed in a ``finally`` block.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import inspect
 import weakref
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -152,6 +153,8 @@ class _Tracer:
         self.inside_layer = 0  # > 0 while a layer's forward runs
         self.paused = False  # True while the tracer's own bookkeeping runs tensor operations
         self._batch_learned = False
+        self.flow_mode: _FlowMode | None = None
+        self._popped: list = []
         self._stack: list[tuple[str, Any]] = []  # ("scope", qualname) | ("layer", node) | ("skip", None)
         self._prov: dict[int, tuple[weakref.ref, frozenset]] = {}
         self._sink: _Node | None = None
@@ -210,6 +213,28 @@ class _Tracer:
             entries[key] = (weakref.ref(t, _drop), prov)
         except TypeError:  # pragma: no cover - tensors always support weak references
             pass
+
+    # --- the flow mode is off inside a layer ----------------------------------------------------
+    # Work inside a layer is not looked into, and a TorchFunctionMode costs every torch call a trip
+    # through Python: popping it off the stack for the layer's forward keeps the trace near the
+    # speed of the bare forward. Only our own mode is popped (when it is on top); hooks nest, so
+    # the pushes and pops pair up, and trace_model puts back whatever an exception left popped.
+    def _suspend_flow(self) -> None:
+        popped = None
+        if self.flow_mode is not None and torch._C._len_torch_function_stack() > 0:
+            top = torch._C._get_function_stack_at(torch._C._len_torch_function_stack() - 1)
+            if top is self.flow_mode:
+                popped = torch._C._pop_torch_function_stack()
+        self._popped.append(popped)
+
+    def _resume_flow(self) -> None:
+        popped = self._popped.pop() if self._popped else None
+        if popped is not None:
+            torch._C._push_on_torch_function_stack(popped)
+
+    def restore_flow(self) -> None:
+        while self._popped:
+            self._resume_flow()
 
     # --- naming ---------------------------------------------------------------------------
     def unique_name(self, base: str) -> str:
@@ -275,6 +300,7 @@ class _Tracer:
         self._stack.append(("layer", node))
         self.inside_layer += 1
         self._sink = node
+        self._suspend_flow()
 
     def post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         kind, value = self._stack.pop()
@@ -284,6 +310,7 @@ class _Tracer:
             self._scope_modules.pop()
             return
         node: _Node = value
+        self._resume_flow()
         self.inside_layer -= 1
         self._sink = None
         self.paused = True
@@ -305,13 +332,16 @@ class _Tracer:
             self._first_call[id(module)] = node
         else:
             node.shared_with = first.index
-        # parameters and buffers this call owns
-        for p in module.parameters():
-            if id(p) not in self._owner:
+        # parameters and buffers this call owns (a leaf's own dicts are enough, and much cheaper)
+        leaf = not module._modules
+        params = module._parameters.values() if leaf else module.parameters()
+        buffers = module._buffers.values() if leaf else module.buffers()
+        for p in params:
+            if p is not None and id(p) not in self._owner:
                 self._owner[id(p)] = node.index
                 node.own_params += p.numel()
-        for b in module.buffers():
-            if id(b) not in self._owner:
+        for b in buffers:
+            if b is not None and id(b) not in self._owner:
                 self._owner[id(b)] = node.index
                 node.own_buffers += b.numel()
         node.packed_params = _packed_param_count(module)
@@ -544,6 +574,8 @@ def _packed_param_count(module: nn.Module) -> int:
     """Elements of quantized packed weights and biases (they are not nn.Parameters)."""
     target = getattr(module, "_neurarch_inner", module)
     total = 0
+    if not target._modules and not type(target).__module__.startswith("torch.ao.nn.quantized"):
+        return 0  # the common case: a float leaf layer
     for sub in target.modules():
         weight = getattr(sub, "weight", None)
         if callable(weight) and type(sub).__module__.startswith("torch.ao.nn.quantized"):
@@ -721,6 +753,8 @@ def trace_model(
     def post(module: nn.Module, a: tuple, kw: dict, out: Any) -> None:
         tracer.post_hook(module, a, kw, out)
 
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the trace makes many small objects; full collections would cost more than the trace
     try:
         for module in model.modules():
             if isinstance(module, torch.jit.ScriptModule):
@@ -728,8 +762,12 @@ def trace_model(
             handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(module.register_forward_hook(post, with_kwargs=True))
         model.eval()
-        with torch.enable_grad(), FlopMode(tracer.on_flops), _FlowMode(tracer):
-            output = model(*args, **kwargs)
+        tracer.flow_mode = _FlowMode(tracer)
+        with torch.enable_grad(), FlopMode(tracer.on_flops), tracer.flow_mode:
+            try:
+                output = model(*args, **kwargs)
+            finally:
+                tracer.restore_flow()  # a forward that raised inside a layer left the mode popped
     except Exception as exc:
         where = _where(tracer)
         if _on_meta(model, args, kwargs) and _needs_values(exc):
@@ -743,6 +781,8 @@ def trace_model(
             "check the input shapes and dtypes against what the model's forward expects"
         ) from exc
     finally:
+        if gc_was_enabled:
+            gc.enable()
         for handle in handles:
             handle.remove()
         _restore(swapped)

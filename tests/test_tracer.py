@@ -258,6 +258,12 @@ def test_failing_forward_says_where():
     text = str(info.value)
     assert "in layer 'conv' (Conv2d)" in text and "RuntimeError" in text and "\n" not in text
     assert isinstance(info.value.__cause__, RuntimeError)
+    # the failure inside a layer left no mode behind, no hook, and the model's flags as they were
+    assert torch._C._len_torch_function_stack() == 0
+    assert not torch.utils._python_dispatch._get_current_dispatch_mode_stack()
+    assert not model.conv._forward_hooks and not model.conv._forward_pre_hooks
+    graph = trace_model(model, (torch.randn(1, 3, 8, 8), torch.randn(1, 5)))
+    assert_clean(graph)
 
 
 def test_write_and_read_back(tmp_path):

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from neurarch_trace.errors import GraphError
 from neurarch_trace.planner.analysis import Analysis, analyse
 from neurarch_trace.planner.card import render
-from neurarch_trace.planner.cost import BACKWARD_FACTOR, TrainingCost, training_cost, training_unit
+from neurarch_trace.planner.cost import BACKWARD_FACTOR, TrainingCost, training_cost, training_unit, utilisation
 from neurarch_trace.planner.diff import diff as diff_against
 from neurarch_trace.planner.fit import MAX_BATCH, Fit, fit as fit_gpu
 from neurarch_trace.planner.gpus import gpu_table
@@ -156,7 +156,7 @@ def make_plan(
     b = analyse(base, what="base", seq_len=seq_len, attention=attention) if base is not None else None
     fit = fit_gpu(a.memory)
     unit = training_unit(a.work)
-    cost = training_cost(a.flops_per_sample, unit, fit.gpu)
+    cost = training_cost(a.flops_per_sample, unit, fit.gpu, utilisation(a.counts.layers))
     target = source.get("target") if isinstance(source, Mapping) else None
     table = gpu_table()
     plan: Dict[str, Any] = {

@@ -14,7 +14,7 @@ for token inputs, a million samples otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from neurarch_trace.planner.gpus import Gpu
 from neurarch_trace.planner.workload import Workload
@@ -25,6 +25,8 @@ __all__ = [
     "IMAGENET_1K_TRAIN_IMAGES",
     "IMAGENET_MIN_PX",
     "MFU",
+    "CONV_MFU",
+    "utilisation",
     "TrainingCost",
     "Unit",
     "training_cost",
@@ -39,6 +41,14 @@ BACKWARD_FACTOR = 3
 #: step sustains. PaLM (Chowdhery et al. 2022, table 3) reports 46.2% for a 540B model tuned at
 #: scale; a single-GPU PyTorch job rarely does better, so 40% is the plan's stated assumption.
 MFU = 0.40
+#: Convolutional networks sustain about half that: NVIDIA's DeepLearningExamples ResNet-50 v1.5
+#: (PyTorch, README "Training performance", pytorch-21.03 container) trains at 2,470 img/s on one
+#: A100 80GB with mixed precision: 2,470 x 3 x 8.2 GFLOPs (4.1 GMACs at 224 px) = 61 TFLOP/s of
+#: the A100's 312, 19.5%; on one V100 16GB, 1,200 img/s = 30 of 125 TFLOP/s, 23.6%. 20% is used
+#: when convolutions carry most of a model's FLOPs.
+CONV_MFU = 0.20
+#: Layer types whose FLOPs count as convolution work for :func:`utilisation`.
+CONV_TYPES = frozenset({"conv1d", "conv2d", "conv3d", "transposeConv2d", "depthwiseConv2d", "patchEmbed"})
 #: ILSVRC-2012 training set (Russakovsky et al. 2015, "ImageNet Large Scale Visual Recognition
 #: Challenge", table 2): 1,281,167 images.
 IMAGENET_1K_TRAIN_IMAGES = 1_281_167
@@ -85,6 +95,15 @@ def training_unit(work: Workload) -> Unit:
     if work.kind == "tokens" and work.seq_len:
         return Unit("billion-tokens", "per billion tokens", TOKENS_PER_UNIT / work.seq_len)
     return Unit("million-samples", "per million samples", float(SAMPLES_PER_UNIT))
+
+
+def utilisation(layers: "list[Any]") -> float:
+    """The MFU to assume for a model whose layer counts (``.node.type``, ``.flops``) are given:
+    :data:`CONV_MFU` when convolutions carry more than half the layer FLOPs (a ViT's single patch
+    embedding does not), else :data:`MFU`."""
+    total = sum(layer.flops for layer in layers if layer.flops)
+    conv = sum(layer.flops for layer in layers if layer.flops and layer.node.type in CONV_TYPES)
+    return CONV_MFU if total and conv * 2 > total else MFU
 
 
 def training_cost(flops_per_sample: float, unit: Unit, gpu: Optional[Gpu], mfu: float = MFU) -> Optional[TrainingCost]:
