@@ -5,7 +5,8 @@ Run: ``python bench/bench_trace.py [--repeats 5] [--json bench/results/trace.jso
 Reports, in one run on this machine:
 
 1. For a ResNet-50-like CNN, a ViT-B/16-like model, a BERT-base config and a GPT-2 config: the bare
-   forward time, the trace time, and their ratio (median of ``--repeats`` runs after one warm-up).
+   forward time, the trace time, and their ratio (medians of ``--repeats`` runs each, alternating
+   bare and traced runs after one warm-up of each).
    Both run the same way: ``eval()`` mode, autograd enabled (the tracer runs the forward so), CPU,
    batch 1; images 224 px, 128 tokens.
 2. For LLaMA-7B and LLaMA-3-70B configs on the meta device: the trace time (model build included)
@@ -37,6 +38,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "models"))
 
 from neurarch_trace import read_graph, trace_model, write_graph  # noqa: E402
+
+
+def paired_medians(first, second, repeats: int) -> tuple[float, float]:
+    """Median times of two functions run alternately (A, B, A, B, ...) after one warm-up each, so
+    that drift in the machine's load hits both alike."""
+    first()
+    second()
+    a, b = [], []
+    for _ in range(repeats):
+        for fn, times in ((first, a), (second, b)):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(a), statistics.median(b)
 
 
 def median_time(fn, repeats: int) -> float:
@@ -78,9 +93,7 @@ def bench_forward_vs_trace(repeats: int) -> list[dict]:
         def traced() -> None:
             trace_model(model, args, kwargs=kwargs)
 
-        # interleave to share the machine's state fairly
-        forward = median_time(bare, repeats)
-        trace = median_time(traced, repeats)
+        forward, trace = paired_medians(bare, traced, repeats)
         rows.append({"model": label, "forward_s": forward, "trace_s": trace, "ratio": trace / forward})
         print(f"{label:34s} forward {forward * 1e3:8.1f} ms  trace {trace * 1e3:8.1f} ms  ratio {trace / forward:5.2f}x",
               flush=True)
@@ -88,7 +101,7 @@ def bench_forward_vs_trace(repeats: int) -> list[dict]:
 
 
 META_SCRIPT = r"""
-import json, resource, sys, time
+import json, sys, time
 start = time.perf_counter()
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -99,9 +112,11 @@ with torch.device("meta"):
     model = LlamaForCausalLM(cfg)
 graph = trace_model(model, torch.randint(0, 1000, (1, 128), device="meta"))
 t1 = time.perf_counter()
+# VmHWM, not ru_maxrss: a child's ru_maxrss can carry the parent's peak across fork
+hwm_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"trace_s": t1 - t0, "total_s": t1 - start, "params": graph["measured"]["params"],
                   "flops": graph["measured"]["flops"], "nodes": len(graph["components"]),
-                  "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30}))
+                  "peak_rss_gib": hwm_kib / 2**20}))
 """
 
 LLAMA = {
