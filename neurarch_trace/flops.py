@@ -26,7 +26,6 @@ outside the cases above) is reported by name as *uncounted*, never as a silent z
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Callable
 
@@ -256,12 +255,3 @@ def rnn_flops(module: torch.nn.RNNBase, seq_len: int, batch: int) -> int:
             per_step += 2 * hidden * proj
         total += dirs * per_step
     return total * seq_len * batch
-
-
-def human_flops(flops: float) -> str:
-    """``1.8 GFLOPs``-style rendering (decimal prefixes)."""
-    if flops <= 0:
-        return "0 FLOPs"
-    exp = min(int(math.log10(flops) // 3), 5)
-    unit = ["", "K", "M", "G", "T", "P"][exp]
-    return f"{flops / 10 ** (3 * exp):.3g} {unit}FLOPs"
