@@ -275,8 +275,14 @@ def _layers(graph: dict) -> str:
     return f"{n} layer{'s' if n != 1 else ''}"
 
 
+def _terminal_safe(text: str) -> str:
+    # the card as the service rendered it, less control characters a service could use to drive
+    # the terminal (escape sequences); newlines stay
+    return "".join(ch if ch.isprintable() or ch == "\n" else " " for ch in text)
+
+
 def _print_card(answer: PlanResponse, share: bool) -> None:
-    text = answer.text
+    text = _terminal_safe(answer.text)
     sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
     if share and answer.url is not None:
         sys.stdout.write(f"Share: {answer.url}\n")

@@ -217,7 +217,12 @@ def check_api(api: Optional[str] = None) -> str:
     typed = api.strip() if api is not None else os.environ.get("NEURARCH_API", "").strip()
     base_url = api.strip().rstrip("/") if api is not None else api_base()
     parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        valid_port = True
+    except ValueError:
+        valid_port = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not valid_port:
         source = "the plan service address" if api is not None else "NEURARCH_API"
         raise PlanError(
             f"{source} {typed!r} is not an http(s) URL; "
@@ -463,7 +468,7 @@ def _status_error(response: requests.Response, *, host: str, key_sent: bool) -> 
         if key_sent:
             message += "; the API key sent did not lift the limit; check NEURARCH_API_KEY"
         elif "NEURARCH_API_KEY" not in (sentence or ""):  # the service may already have said it
-            message += "; set NEURARCH_API_KEY to an API key to lift the limit"
+            message += "; set NEURARCH_API_KEY to an API key the service issued to lift the limit"
         if retry_after is not None:
             message += f", or retry in {_duration(retry_after)}"
         return PlanRateLimitError(
@@ -529,6 +534,11 @@ def _parse_answer(response: requests.Response, *, host: str, share: bool) -> Pla
             raise malformed(f'with a "{name}" that is not a{"n object" if kind is dict else " string"}')
     url = body.get("url") or None
     share_error = body.get("share_error") or None
+    if url is not None and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname
+                            or any(ch.isspace() or ord(ch) < 32 for ch in url)):
+        # only a web link is handed on: a javascript: or data: URL would run in a notebook's page
+        share_error = f"the service returned a share link that is not an http(s) URL ({_one_line(url)[:80]!r})"
+        url = None
     if share and url is None and share_error is None:
         share_error = "the service returned no share URL and gave no reason"
     if share_error is not None:

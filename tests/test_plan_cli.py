@@ -212,7 +212,7 @@ def test_the_bearer_key_lifts_a_rate_limit_of_one(plan_server_factory, tmp_path:
     # (minutes left of the hour window, whatever they are) and where the graph is.
     assert re.fullmatch(
         re.escape(f"neurarch-trace: the plan service at {host_of(url)} answered 429: rate limit reached: "
-                  "anonymous callers get 1 plans per 1 h per IP; set NEURARCH_API_KEY to a key of this "
+                  "anonymous callers get 1 plan per hour per IP; set NEURARCH_API_KEY to a key of this "
                   "service, or retry in ") + r"\d+ minutes?"
         + re.escape("; the graph is still at small.neurarch.json"),
         error,

@@ -239,7 +239,7 @@ def test_429_tells_the_user_to_set_the_key(canned: CannedServer) -> None:
     err = info.value
     assert str(err) == (
         f"the plan service at {canned.host} answered 429: Rate limit exceeded: 60 calls an hour; "
-        "set NEURARCH_API_KEY to an API key to lift the limit, or retry in 2 minutes"
+        "set NEURARCH_API_KEY to an API key the service issued to lift the limit, or retry in 2 minutes"
     )
     assert (err.status_code, err.retry_after) == (429, 120.0)
     assert isinstance(err, PlanStatusError)
@@ -332,3 +332,20 @@ def _visible_text(page: requests.Response) -> str:
     import html
 
     return html.unescape(page.text)
+
+
+def test_a_share_link_that_is_not_http_is_refused(canned: CannedServer) -> None:
+    canned.answer(200, {"text": CARD, "url": "javascript:alert(1)"})
+    answer = request_plan(small_graph(), share=True, api=canned.url)
+    assert answer.url is None
+    assert answer.share_error == "the service returned a share link that is not an http(s) URL ('javascript:alert(1)')"
+    assert answer.text == CARD
+
+
+def test_an_out_of_range_port_is_not_a_url() -> None:
+    with pytest.raises(PlanError) as info:
+        request_plan(small_graph(), api="http://127.0.0.1:99999")
+    assert str(info.value) == (
+        "the plan service address 'http://127.0.0.1:99999' is not an http(s) URL; "
+        "set NEURARCH_API to one such as https://www.neurarch.com, or unset it"
+    )

@@ -79,13 +79,15 @@ def test_mlp_numbers_by_hand() -> None:
     cost = plan["cost"]
     # static: 203,530 params * 18 B = 3,663,540 B, + 1e9 framework allowance
     assert cost["staticGb"] == pytest.approx((3_663_540 + 1_000_000_000) / 1e9, rel=1e-12)
-    # per sample: input 784*4 = 3,136; fc1, act, drop 256*2 = 512 each; fc2 10*2 = 20 -> 4,692 B
-    assert cost["perSampleGb"] == pytest.approx(4_692 / 1e9, rel=1e-12)
-    # need at the 1024 cap: (1,003,663,540 + 1024*4,692) * 1.15 = 1.16e9 <= 16e9: the cheapest card
+    # per sample: input 784*4 = 3,136; fc1, act, drop 256*2 = 512 each; fc2 10*2 = 20 -> 4,692 B;
+    # the loss in float32 on the 10 outputs: 10*8 = 80 -> 4,772 B
+    assert cost["perSampleGb"] == pytest.approx(4_772 / 1e9, rel=1e-12)
+    assert cost["breakdown"]["lossGb"] == pytest.approx(1024 * 80 / 1e9, rel=1e-12)
+    # need at the 1024 cap: (1,003,663,540 + 1024*4,772) * 1.15 = 1.16e9 <= 16e9: the cheapest card
     assert plan["fit"]["gpu"] == "T4" and plan["fit"]["batch"] == 1024 and cost["batch"] == 1024
-    assert cost["peakGb"] == pytest.approx((1_003_663_540 + 1024 * 4_692) / 1e9, rel=1e-12) == pytest.approx(1.008468148)
-    assert cost["activationGb"] == pytest.approx(1024 * 4_692 / 1e9, rel=1e-12)
-    assert plan["fit"]["needGb"] == pytest.approx(1.008468148 * 1.15, rel=1e-12)
+    assert cost["peakGb"] == pytest.approx((1_003_663_540 + 1024 * 4_772) / 1e9, rel=1e-12) == pytest.approx(1.008550068)
+    assert cost["activationGb"] == pytest.approx(1024 * 4_772 / 1e9, rel=1e-12)
+    assert plan["fit"]["needGb"] == pytest.approx(1.008550068 * 1.15, rel=1e-12)
     assert "at batch 1024" in cost["assumptions"]
     assert cost["seqLen"] is None
 
@@ -126,10 +128,11 @@ def test_tiny_cnn_numbers_by_hand() -> None:
     assert plan["model"]["input"]["kind"] == "image"
     # static: 634*18 = 11,412 + BatchNorm buffers 2*4*16 + 8 = 136 + 1e9
     # per sample: input 3,072*4 = 12,288; conv, bn, relu 16,384*2 = 32,768 each; pool, flat 16*2 = 32
-    # each; fc 10*2 = 20 -> 110,676 B; at batch 1024: 1,000,011,548 + 113,332,224 = 1,113,343,772
+    # each; fc 10*2 = 20 -> 110,676 B; loss 10*8 = 80 -> 110,756 B;
+    # at batch 1024: 1,000,011,548 + 113,414,144 = 1,113,425,692
     assert plan["cost"]["breakdown"]["buffersGb"] == pytest.approx(136 / 1e9, rel=1e-12)
-    assert plan["cost"]["perSampleGb"] == pytest.approx(110_676 / 1e9, rel=1e-12)
-    assert plan["cost"]["peakGb"] == pytest.approx(1_113_343_772 / 1e9, rel=1e-12)
+    assert plan["cost"]["perSampleGb"] == pytest.approx(110_756 / 1e9, rel=1e-12)
+    assert plan["cost"]["peakGb"] == pytest.approx(1_113_425_692 / 1e9, rel=1e-12)
     # 32 px < 64: an epoch of CIFAR-10, 3 * 885,056 * 50,000 = 1.327584e11 FLOPs
     training = plan["cost"]["training"]
     assert (training["unit"], training["per"], training["samples"]) == ("cifar-10-epoch", "per epoch of CIFAR-10", 50_000)
@@ -154,29 +157,31 @@ def _wide_conv(channels: int) -> Dict[str, Any]:
 def test_gpu_fit_largest_power_of_two_batch() -> None:
     plan = plan_of(_wide_conv(64))
     # static: 64*9 = 576 params * 18 = 10,368 + 1e9 = 1,000,010,368
-    # per sample: input 1e6 * 4 = 4e6; conv 64e6 * 2 = 128e6 -> 132e6 B
-    # T4: batch 64 -> (1,000,010,368 + 64*132e6) * 1.15 = 10.87e9 <= 16e9; batch 128 -> 20.6e9 > 16e9
+    # per sample: input 1e6 * 4 = 4e6; conv 64e6 * 2 = 128e6; the loss on the 64e6-element output
+    # in float32, 64e6 * 8 = 512e6 -> 644e6 B
+    # T4: batch 16 -> (1,000,010,368 + 16*644e6) * 1.15 = 13.0e9 <= 16e9 (and < 0.85 * 16e9);
+    # batch 32 -> 24.9e9 > 16e9
     fit = plan["fit"]
-    assert (fit["gpu"], fit["batch"], fit["precision"], fit["borderline"]) == ("T4", 64, "fp16", False)
-    assert fit["peakGb"] == pytest.approx(9_448_010_368 / 1e9, rel=1e-12)
-    assert plan["cost"]["activationGb"] == pytest.approx(64 * 132e6 / 1e9, rel=1e-12)
-    assert "at batch 64" in plan["cost"]["assumptions"]
+    assert (fit["gpu"], fit["batch"], fit["precision"], fit["borderline"]) == ("T4", 16, "fp16", False)
+    assert fit["peakGb"] == pytest.approx(11_304_010_368 / 1e9, rel=1e-12)
+    assert plan["cost"]["activationGb"] == pytest.approx(16 * 644e6 / 1e9, rel=1e-12)
+    assert "at batch 16" in plan["cost"]["assumptions"]
     # 1000 px >= 64: ImageNet-1k; conv FLOPs 2 * 64e6 * 1 * 9 = 1.152e9
     assert plan["model"]["flops"] == 1_152_000_000
     assert plan["cost"]["training"]["samples"] == 1_281_167
     text = make_plan(_wide_conv(64))["text"]
-    assert row("GPU fit", "T4 16 GB at batch 64 fp16 (9.4 GB peak)") in text.splitlines()
+    assert row("GPU fit", "T4 16 GB at batch 16 fp16 (11.3 GB peak)") in text.splitlines()
 
 
 def test_gpu_fit_borderline() -> None:
-    plan = plan_of(_wide_conv(96))
-    # static 96*9*18 + 1e9 = 1,000,015,552; per sample 4e6 + 96e6*2 = 196e6
-    # batch 64: peak 13,544,015,552; need x1.15 = 15,575,617,884.8 <= 16e9 but > 0.85*16e9 = 13.6e9
+    plan = plan_of(_wide_conv(150))
+    # static 150*9*18 + 1e9 = 1,000,024,300; per sample 4e6 + 150e6*2 + 150e6*8 (loss) = 1,504e6
+    # batch 8: peak 13,032,024,300; need x1.15 = 14,986,827,945 <= 16e9 but > 0.85*16e9 = 13.6e9
     fit = plan["fit"]
-    assert (fit["gpu"], fit["batch"], fit["borderline"]) == ("T4", 64, True)
-    assert fit["needGb"] == pytest.approx(15.5756178848, rel=1e-12)
-    lines = make_plan(_wide_conv(96))["text"].splitlines()
-    assert row("", "borderline: needs 15.6 GB with x1.15 headroom") in lines
+    assert (fit["gpu"], fit["batch"], fit["borderline"]) == ("T4", 8, True)
+    assert fit["needGb"] == pytest.approx(14.986827945, rel=1e-12)
+    lines = make_plan(_wide_conv(150))["text"].splitlines()
+    assert row("", "borderline: needs 15.0 GB with x1.15 headroom") in lines
 
 
 def _big_linear(fan_in: int, fan_out: int) -> Dict[str, Any]:
@@ -191,13 +196,13 @@ def test_gpu_fit_cheapest_card_that_holds_it() -> None:
     plan = plan_of(_big_linear(50_000, 30_000))
     # 1.5e9 params * 18 = 27e9 + 1e9 = 28e9 static; x1.15 = 32.2e9 > 24 GB (T4, L4, A10G), so the
     # next cheapest: L40S 48 GB ($1.95/h) before A100-40 ($2.10/h).
-    # Per sample 50,000*4 + 30,000*2 = 260,000 B; L40S holds (48e9/1.15 - 28e9)/260,000 = 52,842
-    # samples, so the 1024 cap: peak 28e9 + 1024*260,000 = 28,266,240,000
+    # Per sample 50,000*4 + 30,000*2 + loss 30,000*8 = 500,000 B; L40S holds
+    # (48e9/1.15 - 28e9)/500,000 = 27,478 samples, so the 1024 cap: peak 28e9 + 1024*500,000
     fit = plan["fit"]
     assert (fit["gpu"], fit["memoryGb"], fit["batch"], fit["precision"]) == ("L40S", 48, 1024, "bf16")
-    assert fit["peakGb"] == pytest.approx(28.26624, rel=1e-12)
+    assert fit["peakGb"] == pytest.approx(28.512, rel=1e-12)
     assert [c["batch"] for c in fit["cards"]][:3] == [0, 0, 0]
-    assert row("GPU fit", "L40S 48 GB at batch 1024 bf16 (28.3 GB peak)") in make_plan(_big_linear(50_000, 30_000))["text"].splitlines()
+    assert row("GPU fit", "L40S 48 GB at batch 1024 bf16 (28.5 GB peak)") in make_plan(_big_linear(50_000, 30_000))["text"].splitlines()
     # Training cost on the L40S: 3 * 2*50,000*30,000 = 9e9 FLOPs per sample * 1e6 samples
     training = plan["cost"]["training"]
     assert training["gpu"] == "L40S"
@@ -207,11 +212,11 @@ def test_gpu_fit_cheapest_card_that_holds_it() -> None:
 def test_nothing_fits_says_so() -> None:
     doc = _big_linear(100_000, 100_000)
     plan = plan_of(doc)
-    # 1e10 params * 18 = 180e9 + 1e9; per sample 100,000*4 + 100,000*2 = 600,000
-    # batch 1: peak 181,000,600,000; need x1.15 = 208,150,690,000 > 141e9 (H200)
+    # 1e10 params * 18 = 180e9 + 1e9; per sample 100,000*4 + 100,000*2 + loss 100,000*8 = 1,400,000
+    # batch 1: peak 181,001,400,000; need x1.15 = 208,151,610,000 > 141e9 (H200)
     assert plan["fit"]["fits"] is False and plan["fit"]["gpu"] is None
     assert plan["cost"]["batch"] == 1 and "at batch 1:" in plan["cost"]["assumptions"]
-    assert plan["cost"]["peakGb"] == pytest.approx(181.0006, rel=1e-12)
+    assert plan["cost"]["peakGb"] == pytest.approx(181.0014, rel=1e-12)
     assert plan["cost"]["training"] is None
     lines = make_plan(doc)["text"].splitlines()
     assert row("GPU fit", "nothing fits: needs 208.2 GB at batch 1") in lines
@@ -244,8 +249,10 @@ def test_token_model_seq_len_and_eager_attention() -> None:
     # = 32,000 -> 38,272 B, x4 = 153,088; eager scores 4 heads * 16*16 * 2 B = 2,048, x4^2 = 32,768
     assert plan["cost"]["breakdown"]["layerActivationsGb"] == pytest.approx(1024 * 153_088 / 1e9, rel=1e-12)
     assert plan["cost"]["breakdown"]["attentionScoresGb"] == pytest.approx(1024 * 32_768 / 1e9, rel=1e-12)
-    # static 145,768*18 = 2,623,824 + 1e9; batch 1024 -> 1,002,623,824 + 1024*185,856
-    assert plan["cost"]["peakGb"] == pytest.approx(1_192_940_368 / 1e9, rel=1e-12)
+    # the loss on the [16, 1000] logits in float32: 16,000*8 = 128,000 B, x4 = 512,000
+    assert plan["cost"]["breakdown"]["lossGb"] == pytest.approx(1024 * 512_000 / 1e9, rel=1e-12)
+    # static 145,768*18 = 2,623,824 + 1e9; batch 1024 -> 1,002,623,824 + 1024*(185,856 + 512,000)
+    assert plan["cost"]["peakGb"] == pytest.approx(1_717_228_368 / 1e9, rel=1e-12)
     # per billion tokens: 1e9/64 = 15,625,000 samples; 3 * 10,551,296 * 15,625,000 = 4.94592e14
     training = plan["cost"]["training"]
     assert (training["unit"], training["samples"]) == ("billion-tokens", 15_625_000)

@@ -31,7 +31,14 @@ def _line(text: str) -> str:
     return "| " + text.ljust(INNER)[:INNER] + " |"
 
 
+def printable(text: str) -> str:
+    """``text`` without control characters (terminal escapes, bells): names come from graphs anyone
+    can write, and the card is printed to terminals."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)
+
+
 def _wrap(text: str, width: int, max_rows: int = MAX_VALUE_ROWS) -> List[str]:
+    text = printable(text)
     rows = textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
     if len(rows) > max_rows:
         rows = rows[:max_rows]
@@ -63,10 +70,10 @@ def _title(name: str, target: Optional[str]) -> str:
     """Name left, target right, ending one column short of the border as the spec's illustration
     does (``| ResNet18 ... models/resnet.py  |``)."""
     room = INNER - 1
-    name = " ".join(name.split())
+    name = " ".join(printable(name).split())
     if not target:
         return _line(_clip(name, room))
-    target = _clip(" ".join(target.split()), max(room // 2, room - len(name) - 2), keep_end=True)
+    target = _clip(" ".join(printable(target).split()), max(room // 2, room - len(name) - 2), keep_end=True)
     name = _clip(name, room - len(target) - 2)
     return _line(name + " " * (room - len(name) - len(target)) + target + " ")
 

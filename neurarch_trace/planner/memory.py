@@ -10,6 +10,7 @@ The peak is linear in the batch::
                + FRAMEWORK_ALLOWANCE
     per_sample = sum over every layer (and input) of its output elements x bytes per element,
                  scaled by seq_len / traced tokens for a resized token model,
+               + the model's primary output x LOSS (the loss runs in float32),
                + with eager attention, heads x L x L x EAGER_SCORE per attention-typed layer.
 
 Bytes are bytes; GB in the plan are 10^9 bytes, as the GPU table's capacities. What the model
@@ -19,10 +20,10 @@ ignores, each an approximation in one direction or the other:
   their input's storage) and views are counted again (over), while extra saved tensors are not
   counted (under): dropout masks, max-pool indices, normalisation statistics, the inputs of
   functional code between layers;
-* autocast runs some ops in float32 (softmax, layer_norm, losses): their outputs are counted at
-  16 bits (under);
-* transient memory (the gradient of the activation being back-propagated, cuDNN workspaces, the
-  logits' softmax in the loss) is not modelled beyond the fixed allowance; the GPU table's 1.15
+* autocast runs some ops in float32 (softmax, layer_norm): their outputs are counted at 16 bits
+  (under), except the loss, which is counted (:data:`LOSS_BYTES`);
+* transient memory (the gradient of the activation being back-propagated, cuDNN workspaces) is
+  not modelled beyond the fixed allowance; the GPU table's 1.15
   headroom (``gpus.json``) covers it and allocator fragmentation;
 * no activation checkpointing, no ZeRO/FSDP sharding, one GPU.
 """
@@ -45,6 +46,7 @@ __all__ = [
     "FROZEN_BYTES",
     "INPUT_FLOAT_BYTES",
     "INPUT_TOKEN_BYTES",
+    "LOSS_BYTES",
     "GRADIENT_BYTES",
     "MASTER_WEIGHT_BYTES",
     "MemoryModel",
@@ -82,6 +84,12 @@ INPUT_TOKEN_BYTES = 8
 #: attention dropout is on (its 1-byte mask and 2-byte output); SDPA and flash kernels keep only
 #: O(L) statistics and recompute the scores.
 EAGER_SCORE_BYTES = 2
+#: The loss on the model's primary output runs in float32: transformers' ForCausalLMLoss upcasts the
+#: logits (``logits.float()``, transformers/loss/loss_utils.py) and autocast runs log_softmax and
+#: nll_loss in float32 (PyTorch's autocast op reference, "CUDA Ops that can autocast to float32");
+#: cross-entropy keeps the fp32 log-probabilities for its backward. 4 + 4 bytes per output element:
+#: for a language model's logits (vocabulary-sized per token) this is often the largest activation.
+LOSS_BYTES = 8
 #: CUDA context, loaded kernels and library handles, present before the first tensor: Hugging
 #: Face's "Model training anatomy" measured 1,343 MiB (1.41 GB) on a V100 with CUDA 11.2, which
 #: loaded every kernel eagerly; CUDA 11.7+ lazy module loading (PyTorch's default since 1.13)
@@ -110,6 +118,7 @@ class MemoryModel:
     framework_bytes: int
     activation_bytes_per_sample: float
     attention_bytes_per_sample: float
+    loss_bytes_per_sample: float = 0.0
     layers_without_shape: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
 
@@ -120,7 +129,7 @@ class MemoryModel:
 
     @property
     def per_sample_bytes(self) -> float:
-        return self.activation_bytes_per_sample + self.attention_bytes_per_sample
+        return self.activation_bytes_per_sample + self.attention_bytes_per_sample + self.loss_bytes_per_sample
 
     def peak_bytes(self, batch: int) -> float:
         """Training peak at ``batch`` samples, before any headroom."""
@@ -141,6 +150,7 @@ class MemoryModel:
             "frameworkGb": self.framework_bytes / 1e9,
             "layerActivationsGb": batch * self.activation_bytes_per_sample / 1e9,
             "attentionScoresGb": batch * self.attention_bytes_per_sample / 1e9,
+            "lossGb": batch * self.loss_bytes_per_sample / 1e9,
         }
 
 
@@ -196,6 +206,9 @@ def memory_model(graph: Graph, counts: Counts, work: Workload, attention: Option
             missing.append(node.name)
             continue
         activations += elements * _element_bytes(node, work)
+    outputs = [n for n in graph.nodes if n.type == "output"]
+    primary = outputs[0].input_shape if outputs else None
+    loss = numel(primary) * LOSS_BYTES if primary is not None else 0
     scores = 0
     notes: List[str] = []
     if attention == "eager":
@@ -213,6 +226,7 @@ def memory_model(graph: Graph, counts: Counts, work: Workload, attention: Option
         framework_bytes=FRAMEWORK_ALLOWANCE_BYTES,
         activation_bytes_per_sample=activations * work.scale,
         attention_bytes_per_sample=scores * work.scale * work.scale,
+        loss_bytes_per_sample=loss * work.scale,
         layers_without_shape=missing,
         notes=notes,
     )

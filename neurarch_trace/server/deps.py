@@ -39,6 +39,16 @@ def _valid_key(token: str, keys: tuple) -> bool:
     return found
 
 
+def _window(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        hours = int(seconds // 3600)
+        return "hour" if hours == 1 else f"{hours} hours"
+    if seconds % 60 == 0:
+        minutes = int(seconds // 60)
+        return "minute" if minutes == 1 else f"{minutes} minutes"
+    return f"{seconds:g} seconds"
+
+
 def check_caller(
     request: Request,
     settings: Settings = Depends(get_settings),
@@ -46,8 +56,10 @@ def check_caller(
 ) -> str:
     """``"key"`` for a caller with a valid bearer key (no limit), else ``"anonymous"`` after
     counting the call against the client IP's limit. A present but invalid key is a 401; an
-    anonymous caller over the limit a 429 with ``Retry-After``."""
-    header = request.headers.get("authorization")
+    anonymous caller over the limit a 429 with ``Retry-After``. A service configured with no keys
+    issues none, so it ignores an ``Authorization`` header (a key exported for another deployment
+    must not lock a user out of a local one) and treats every caller as anonymous."""
+    header = request.headers.get("authorization") if settings.api_keys else None
     if header is not None:
         scheme, _, token = header.partition(" ")
         token = token.strip()
@@ -60,8 +72,9 @@ def check_caller(
     if wait is not None:
         raise ApiError(
             429,
-            f"rate limit reached: anonymous callers get {settings.rate_limit} plans per "
-            f"{settings.rate_window_s / 3600:g} h per IP; set NEURARCH_API_KEY to a key of this service",
+            f"rate limit reached: anonymous callers get {settings.rate_limit} "
+            f"plan{'s' if settings.rate_limit != 1 else ''} per {_window(settings.rate_window_s)} per IP"
+            + ("; set NEURARCH_API_KEY to a key of this service" if settings.api_keys else ""),
             {"Retry-After": str(wait)},
         )
     return "anonymous"
