@@ -116,9 +116,6 @@ def measure(factory, make_batch, loss_fn, batch: int, device: str, steps: int) -
         times.append(time.perf_counter() - start)
     if device == "cuda":
         peak = max(peak, torch.cuda.max_memory_allocated())
-    del model, optimizer, inputs, target
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return {"measured_peak_gb": None if peak is None else peak / 1e9, "step_s": statistics.median(times)}
 
 
@@ -151,6 +148,8 @@ def main() -> None:
                 got = measure(factory, make_batch, loss_fn, batch, args.device, args.steps)
             except torch.OutOfMemoryError:
                 got = {"measured_peak_gb": None, "step_s": None, "oom": True}
+            if args.device == "cuda":
+                torch.cuda.empty_cache()  # the step's model and optimizer are gone: start clean
             row = {"model": label, "batch": batch, "predicted_peak_gb": predicted_gb,
                    "predicted_step_s": predicted_s, "mfu": mfu, **got}
             if got.get("measured_peak_gb"):
