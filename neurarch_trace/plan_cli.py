@@ -47,10 +47,11 @@ PROG = "neurarch-trace"
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--plan``, ``--share``, ``--base FILE`` and ``--fail-on-block`` to the trace parser.
+    """Add ``--plan``, ``--share``, ``--base FILE``, ``--fail-on-block``, ``--seq-len N`` and
+    ``--attention KIND`` to the trace parser.
 
     Destinations: ``args.plan``, ``args.share`` (bools), ``args.base`` (path or None),
-    ``args.fail_on_block`` (bool).
+    ``args.fail_on_block`` (bool), ``args.seq_len`` (int or None), ``args.attention`` (str or None).
     """
     group = parser.add_argument_group(
         "plan", "send the traced graph to a plan service (NEURARCH_API, default www.neurarch.com)"
@@ -82,6 +83,30 @@ def _add_share_base_fail(group: Any) -> None:
         action="store_true",
         help="exit 2 when the plan reports a blocker (the graph would not run)",
     )
+    group.add_argument(
+        "--seq-len",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="tokens per sample to size a token model for (default: the traced length)",
+    )
+    group.add_argument(
+        "--attention",
+        choices=("sdpa", "flash", "eager"),
+        default=None,
+        help="the attention kernel training will use (default sdpa); only eager keeps the "
+        "attention score matrices in memory",
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+    return value
 
 
 def wants_plan(args: argparse.Namespace) -> bool:
@@ -106,6 +131,9 @@ def check_plan_arguments(args: argparse.Namespace) -> Optional[dict]:
     if not wants_plan(args):
         if base_path is not None:
             raise NeurarchError("--base needs --plan or --share: it is what the plan's diff compares to")
+        for flag, dest in (("--seq-len", "seq_len"), ("--attention", "attention")):
+            if getattr(args, dest, None) is not None:
+                raise NeurarchError(f"{flag} needs --plan or --share: it sizes the plan")
         if getattr(args, "fail_on_block", False):
             raise NeurarchError("--fail-on-block needs --plan or --share: it reads the plan's verdict")
         return None
@@ -151,6 +179,8 @@ def run_plan(
         source=trace_source(target, list(inputs)),
         fail_on_block=bool(getattr(args, "fail_on_block", False)),
         verbose=bool(getattr(args, "verbose", False)),
+        seq_len=getattr(args, "seq_len", None),
+        attention=getattr(args, "attention", None),
     )
 
 
@@ -217,6 +247,8 @@ def _plan_command(args: argparse.Namespace) -> int:
         source=source,
         fail_on_block=args.fail_on_block,
         verbose=args.verbose,
+        seq_len=args.seq_len,
+        attention=args.attention,
     )
 
 
@@ -229,10 +261,12 @@ def _plan_and_print(
     source: dict,
     fail_on_block: bool,
     verbose: bool,
+    seq_len: Optional[int] = None,
+    attention: Optional[str] = None,
 ) -> int:
     print(_notice(graph, base, share), file=sys.stderr, flush=True)
     try:
-        answer = request_plan(graph, share=share, base=base, source=source)
+        answer = request_plan(graph, share=share, base=base, source=source, seq_len=seq_len, attention=attention)
     except NeurarchError as err:
         if verbose:
             traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)

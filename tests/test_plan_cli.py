@@ -490,3 +490,32 @@ def test_verbose_adds_the_traceback_before_the_one_line(refused_port: int, tmp_p
     assert any("requests.exceptions.ConnectionError" in line for line in lines)
     assert lines[-1] == (f"neurarch-trace: could not connect to the plan service at {host}: connection refused; "
                          "the graph is still at small.neurarch.json")
+
+
+def test_seq_len_and_attention_reach_the_service(canned: CannedServer, tmp_path: Path) -> None:
+    path = tmp_path / "small.neurarch.json"
+    path.write_text(json.dumps(small_graph()))
+    canned.answer(200, {"text": CARD})
+    proc = subprocess.run(
+        [sys.executable, "-m", "neurarch_trace", "plan", str(path), "--seq-len", "2048", "--attention", "eager"],
+        capture_output=True, text=True, env={**os.environ, "NEURARCH_API": canned.url}, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    body = canned.requests[-1]["body"]
+    assert (body["seq_len"], body["attention"]) == (2048, "eager")
+    proc = subprocess.run(
+        [sys.executable, "-m", "neurarch_trace", "plan", str(path), "--seq-len", "0"],
+        capture_output=True, text=True, env={**os.environ, "NEURARCH_API": canned.url}, timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "0 is not a positive number of tokens" in proc.stderr
+
+
+def test_seq_len_without_plan_is_refused_before_tracing(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "neurarch_trace", f"{RESNET}:ResNet18", "--input", "1,3,32,32", "--seq-len", "64"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr == "neurarch-trace: --seq-len needs --plan or --share: it sizes the plan\n"
+    assert list(tmp_path.iterdir()) == []
