@@ -15,6 +15,7 @@ Where the counter reports nothing or too little on the CPU, this module adds for
 * Composite operations that reach the dispatcher undecomposed when autograd is off (under
   ``torch.inference_mode()``): ``aten.linear``, ``aten.matmul``, ``aten.conv*d``,
   ``aten.scaled_dot_product_attention``, with the same formulas as their decompositions.
+* ``aten._grouped_mm``, the grouped GEMM of mixture-of-experts layers: 2 x output elements x K.
 * Complex-valued matrix products count 4x: one complex multiply-add is 4 real multiplies and 4 real
   adds (8 FLOPs against 2).
 * Dynamically quantized linear layers (``quantized::linear_dynamic``): :func:`linear_flops` from
@@ -94,7 +95,10 @@ for _name, _formula in (("linear", _linear_flops), ("matmul", _matmul_flops),
                         ("conv_transpose1d", _conv_transpose_flops),
                         ("conv_transpose2d", _conv_transpose_flops),
                         ("conv_transpose3d", _conv_transpose_flops),
-                        ("scaled_dot_product_attention", _sdpa_flops)):
+                        ("scaled_dot_product_attention", _sdpa_flops),
+                        # grouped GEMM of mixture-of-experts layers: each token's row meets its
+                        # expert's K x N matrix, 2 x out elements x K (the forward's 2-D x 3-D form)
+                        ("_grouped_mm", _matmul_flops)):
     if hasattr(_aten, _name):
         _EXTRA[getattr(_aten, _name)] = _formula
 

@@ -297,6 +297,7 @@ _NAMED_TABLE: dict[str, Callable[[Any], Spec]] = {
     "QuickGELUActivation": _simple("gelu"),
     "AccurateGELUActivation": _simple("gelu"),
     "GELUTanh": _simple("gelu"),
+    "BloomGelu": _simple("gelu"),
     "PytorchGELUTanh": _simple("gelu"),
     "ClippedGELUActivation": _simple("gelu"),
     "SiLUActivation": _simple("swish"),
@@ -329,6 +330,8 @@ def _lookup(mod: nn.Module) -> Callable[[Any], Spec] | None:
         return fn
     if name.endswith("RotaryEmbedding"):
         return _simple("rope")
+    if name.endswith("RMSNorm"):  # LlamaRMSNorm, MixtralRMSNorm, Qwen3RMSNorm, ... (transformers only)
+        return _rms_norm
     return None
 
 
