@@ -835,6 +835,9 @@ def _build_graph(tracer: _Tracer, graph_name: str, output: Any, named_inputs: li
     nodes = tracer.nodes
     out_node = _Node(index=len(nodes), type="output", name="output")
     outs = list(_iter_tensors(output))
+    if not outs and hasattr(output, "__dict__") and not isinstance(output, nn.Module):
+        # an object that is no container (a torch.distributions.Categorical): the tensors it holds
+        outs = [t for value in vars(output).values() for t in _iter_tensors(value)]
     for t in outs:
         prov = tracer.prov_of(t)
         out_node.add_sources(frozenset(k for k in prov if isinstance(k, int)))

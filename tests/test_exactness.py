@@ -460,3 +460,72 @@ def test_hidden_states_tuple_output_and_star_args():
     assert [c["name"] for c in graph["components"] if c["type"] == "input"] == ["input_0", "input_1"]
     assert sources_of(graph, "add") == ["input_0", "input_1"]
     assert sources_of(graph, "output") == ["layers.2", "add", "layers.0", "layers.1"]
+
+
+def test_rezero_sequential_with_own_weights():
+    # torchinfo #137: a Sequential subclass owning a parameter it reads in forward
+    class ReZero(nn.Sequential):
+        def __init__(self, *blocks: nn.Module) -> None:
+            super().__init__(*blocks)
+            self.register_parameter("weights", nn.Parameter(torch.zeros(len(blocks))))
+
+        def forward(self, x):
+            for k, block in enumerate(self):
+                x = x + self.weights[k] * block(x)
+            return x
+
+    model = ReZero(nn.Linear(2, 2), nn.Linear(2, 2))
+    graph = trace_model(model, torch.randn(1, 2))
+    assert_clean(graph)
+    assert graph["measured"]["params"] == 14 == unique_params(model)
+    assert node_param_sum(graph) == 14
+    assert sources_of(graph, "add") == ["x", "0"] and sources_of(graph, "add#2") == ["add", "1"]
+
+
+def test_parameter_returned_and_inplace_scaling_of_the_input():
+    # torchinfo #54 (a module that returns its parameter) and pytorch-summary #148 (x *= self.p)
+    class Returns(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Parameter(torch.zeros(16, 64))
+
+        def forward(self, x):
+            return self.layer
+
+    graph = trace_model(Returns(), torch.randn(1, 4))
+    assert graph["measured"]["params"] == 1024 == node_param_sum(graph)
+    assert_clean(graph)
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p = nn.Parameter(torch.ones(1))
+            self.conv1 = nn.Conv1d(1, 2, kernel_size=3)
+
+        def forward(self, x):
+            x *= self.p
+            return self.conv1(x)
+
+    graph = trace_model(Scaled(), torch.rand(4, 1, 10))
+    assert_clean(graph)
+    assert graph["measured"]["params"] == 9 == node_param_sum(graph)
+    assert by_name(graph)["conv1"]["measured"]["params"] == 9  # its own 8 and the scale it consumes
+
+
+def test_distribution_output_does_not_break_the_trace():
+    # torchinfo #329: a forward returning torch.distributions.Categorical
+    from torch.distributions import Categorical
+
+    class Policy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(10, 5)
+            self.final = nn.LogSoftmax(dim=-1)
+
+        def forward(self, x):
+            return Categorical(logits=self.final(self.linear(x)))
+
+    graph = trace_model(Policy(), torch.randn(1, 10))
+    assert_clean(graph)
+    assert [c["name"] for c in graph["components"]] == ["x", "linear", "final", "output"]
+    assert sources_of(graph, "output") == ["final"]
