@@ -1,76 +1,7 @@
-"""How the card writes numbers: ``11.7M``, ``1.8 GFLOPs``, ``5.1 GB``, ``$0.60``. Presentation only;
-the plan carries the unrounded numbers."""
+"""The card's number formats: re-exported from :mod:`neurarch_trace.text`, where they live."""
 
 from __future__ import annotations
 
+from neurarch_trace.text import count, duration, flops, gb, signed, usd, usd_delta
+
 __all__ = ["count", "duration", "flops", "gb", "signed", "usd", "usd_delta"]
-
-_PREFIXES = ["", "K", "M", "G", "T", "P", "E", "Z", "Y"]
-
-
-def _scaled(value: float) -> tuple:
-    """``(mantissa text, prefix)`` with one decimal, 1 <= mantissa < 1000 after rounding."""
-    magnitude = abs(value)
-    index = 0
-    while magnitude >= 999.95 and index < len(_PREFIXES) - 1:
-        magnitude /= 1000
-        index += 1
-    sign = "-" if value < 0 else ""
-    return f"{sign}{magnitude:.1f}", _PREFIXES[index]
-
-
-def count(value: float) -> str:
-    """Parameters: ``812``, ``11.7K``, ``11.7M``, ``6.7B`` (billions, as model names say)."""
-    if abs(value) < 1000:
-        return f"{value:,.0f}"
-    text, prefix = _scaled(value)
-    return text + {"G": "B"}.get(prefix, prefix)
-
-
-def flops(value: float) -> str:
-    """FLOPs: ``512 FLOPs``, ``406.5 KFLOPs``, ``1.8 GFLOPs``."""
-    if abs(value) < 1000:
-        return f"{value:,.0f} FLOPs"
-    text, prefix = _scaled(value)
-    return f"{text} {prefix}FLOPs"
-
-
-def gb(num_bytes: float) -> str:
-    """Bytes as GB (10^9 bytes): one decimal, two under 0.1 GB."""
-    value = num_bytes / 1e9
-    return f"{value:.2f} GB" if abs(value) < 0.1 else f"{value:,.1f} GB"
-
-
-def usd(value: float) -> str:
-    """Dollars: ``<$0.01``, ``$0.60``, ``$12.40``, ``$1,234``."""
-    if value < 0.005:
-        return "<$0.01"
-    if value < 100:
-        return f"${value:,.2f}"
-    return f"${value:,.0f}"
-
-
-def usd_delta(value: float) -> str:
-    """A change in dollars, always with its sign and cents: ``+$0.05``, ``-$1.20``, ``+$1,234``."""
-    sign = "-" if value < 0 else "+"
-    magnitude = abs(value)
-    return f"{sign}${magnitude:,.2f}" if magnitude < 100 else f"{sign}${magnitude:,.0f}"
-
-
-def duration(seconds: float) -> str:
-    """A GPU time: ``42 s``, ``7 min``, ``3.2 h``, ``1,234 h``."""
-    if seconds < 60:
-        return f"{seconds:.0f} s" if seconds >= 1 else "<1 s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    hours = seconds / 3600
-    return f"{hours:.1f} h" if hours < 100 else f"{hours:,.0f} h"
-
-
-def signed(text: str, value: float) -> str:
-    """Prefix a formatted magnitude with ``+`` or ``-`` by the sign of ``value`` (``0`` as is)."""
-    if value > 0:
-        return "+" + text
-    if value < 0:
-        return "-" + text.lstrip("-")
-    return text
