@@ -1,12 +1,28 @@
-"""How neurarch-trace writes numbers and shapes for people: ``11.7M``, ``1.8 GFLOPs``, ``5.1 GB``,
-``$0.60``, ``3x224x224``, ``2 layers``. Presentation only, torch-free and dependency-free, shared by
-the planner's card, the command line and the notebook; the data keeps the unrounded numbers."""
+"""How neurarch-trace writes numbers, shapes and messages for people: ``11.7M``, ``1.8 GFLOPs``,
+``5.1 GB``, ``$0.60``, ``3x224x224``, ``2 layers``, one-line error text. Presentation only, torch-free
+and dependency-free, shared by the planner's card, the command line, the plan client and the notebook;
+the data keeps the unrounded numbers."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-__all__ = ["count", "duration", "flops", "gb", "plural", "shape_text", "signed", "usd", "usd_delta"]
+__all__ = [
+    "count",
+    "duration",
+    "error_line",
+    "flops",
+    "gb",
+    "one_line",
+    "plural",
+    "printable",
+    "shape_text",
+    "signed",
+    "usd",
+    "usd_delta",
+    "wait_text",
+]
 
 _PREFIXES = ["", "K", "M", "G", "T", "P", "E", "Z", "Y"]
 
@@ -92,3 +108,45 @@ def shape_text(shape: Any) -> str:
     if not shape:
         return "scalar"
     return "x".join(str(d) for d in shape)
+
+
+def wait_text(seconds: float) -> str:
+    """A wait in words, rounded up (for a retry hint): ``45 seconds``, ``12 minutes``, ``3 hours``."""
+    if seconds < 120:
+        n, unit = math.ceil(seconds), "second"
+    elif seconds < 2 * 3600:
+        n, unit = math.ceil(seconds / 60), "minute"
+    else:
+        n, unit = math.ceil(seconds / 3600), "hour"
+    return plural(n, unit)
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with every control character (terminal escapes, bells; newlines too unless
+    ``keep_newlines``) made a space: names and cards come from graphs and services anyone can
+    write, and they are printed to terminals."""
+    return "".join(ch if ch.isprintable() or (keep_newlines and ch == "\n") else " " for ch in text)
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` with every run of whitespace (newlines included) made one space, cut to ``limit``
+    characters with ``...`` when longer."""
+    text = " ".join(text.split())
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 3].rstrip() + "..."
+    return text
+
+
+#: Characters past which an exception's first line is cut at its first sentence.
+LONG_LINE = 160
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception as one line: ``TypeName: first line of its message`` (whitespace collapsed;
+    a first line over 160 characters is cut after its first sentence), or ``TypeName`` alone when
+    the message is empty."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    first = one_line(lines[0]) if lines else ""
+    if len(first) > LONG_LINE and ". " in first:
+        first = first.split(". ", 1)[0] + "."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

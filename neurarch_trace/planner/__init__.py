@@ -5,9 +5,9 @@
     >>> print(answer["text"])                 # the card, at most 68 columns
     >>> answer["plan"]["run"]["legal"], answer["plan"]["cost"]["peakGb"]
 
-One concept per module: :mod:`.graph` reads the document, :mod:`.verify` finds blockers,
-:mod:`.estimate` and :mod:`.counts` count parameters and FLOPs (measured first), :mod:`.workload`
-says what a sample is, :mod:`.memory` sizes a training step, :mod:`.fit` picks the card,
+One concept per module: :mod:`neurarch_trace.contract` indexes and validates the document,
+:mod:`.verify` finds blockers, :mod:`.estimate` and :mod:`.counts` count parameters and FLOPs
+(measured first), :mod:`.workload` says what a sample is, :mod:`.memory` sizes a training step, :mod:`.fit` picks the card,
 :mod:`.cost` prices training, :mod:`.lint` finds warnings, :mod:`.diff` compares with a base,
 :mod:`.card` renders. The plan service (:mod:`neurarch_trace.server`) is one caller of
 :func:`make_plan`; anything else may call it directly.

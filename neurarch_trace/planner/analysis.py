@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Union
 
+from neurarch_trace.contract import Graph, index_graph
 from neurarch_trace.planner.counts import Counts, count
-from neurarch_trace.planner.graph import Graph, read_graph
 from neurarch_trace.planner.lint import lint
 from neurarch_trace.planner.memory import MemoryModel, memory_model
 from neurarch_trace.planner.verify import Issue, verify
@@ -37,7 +37,7 @@ class Analysis:
 def analyse(doc: Any, *, what: str = "model", seq_len: Optional[int] = None,
             attention: Optional[str] = None) -> Analysis:
     """Read, verify, count and size ``doc``; raises ``GraphError`` when it is not a graph."""
-    graph = read_graph(doc, what=what)
+    graph = index_graph(doc, what=what)
     counts = count(graph)
     work = workload(graph, seq_len)
     return Analysis(

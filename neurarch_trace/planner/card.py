@@ -11,7 +11,8 @@ from __future__ import annotations
 import textwrap
 from typing import Any, List, Mapping, Optional
 
-from neurarch_trace.planner import units
+from neurarch_trace import text as units
+from neurarch_trace.text import plural, printable
 
 __all__ = ["INNER", "LABEL", "WIDTH", "render"]
 
@@ -29,12 +30,6 @@ _RULE = "+" + "-" * (WIDTH - 2) + "+"
 
 def _line(text: str) -> str:
     return "| " + text.ljust(INNER)[:INNER] + " |"
-
-
-def printable(text: str) -> str:
-    """``text`` without control characters (terminal escapes, bells): names come from graphs anyone
-    can write, and the card is printed to terminals."""
-    return "".join(ch if ch.isprintable() else " " for ch in text)
 
 
 def _wrap(text: str, width: int, max_rows: int = MAX_VALUE_ROWS) -> List[str]:
@@ -85,7 +80,7 @@ def _article(gpu_id: str) -> str:
 
 def _summary(model: Mapping[str, Any]) -> List[str]:
     layers = model["layers"]
-    parts = [f"{layers} layer{'s' if layers != 1 else ''}", f"{units.count(model['params'])} params"]
+    parts = [plural(layers, "layer"), f"{units.count(model['params'])} params"]
     flops = units.flops(model["flops"])
     if not model["flopsComplete"]:
         flops = ">=" + flops

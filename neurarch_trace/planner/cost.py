@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from neurarch_trace.contract import CONV_TYPES  # the layer types whose FLOPs count as convolution work
 from neurarch_trace.planner.gpus import Gpu
 from neurarch_trace.planner.workload import Workload
 
@@ -47,8 +48,6 @@ MFU = 0.40
 #: the A100's 312, 19.5%; on one V100 16GB, 1,200 img/s = 30 of 125 TFLOP/s, 23.6%. 20% is used
 #: when convolutions carry most of a model's FLOPs.
 CONV_MFU = 0.20
-#: Layer types whose FLOPs count as convolution work for :func:`utilisation`.
-CONV_TYPES = frozenset({"conv1d", "conv2d", "conv3d", "transposeConv2d", "depthwiseConv2d", "patchEmbed"})
 #: ILSVRC-2012 training set (Russakovsky et al. 2015, "ImageNet Large Scale Visual Recognition
 #: Challenge", table 2): 1,281,167 images.
 IMAGENET_1K_TRAIN_IMAGES = 1_281_167

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Tuple
 
+from neurarch_trace.contract import Graph, Node, is_int
 from neurarch_trace.planner.estimate import estimate, has_formula, size
-from neurarch_trace.planner.graph import Graph, Node, is_int
 
 __all__ = ["Counts", "LayerCount", "count", "measured_int"]
 

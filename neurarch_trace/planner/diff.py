@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from neurarch_trace.contract import Graph, Node
 from neurarch_trace.planner.analysis import Analysis
 from neurarch_trace.planner.cost import Unit, training_cost, utilisation
 from neurarch_trace.planner.fit import Fit
-from neurarch_trace.planner.graph import Graph, Node
 
 __all__ = ["diff", "layer_changes"]
 

@@ -7,6 +7,7 @@ batchless shapes only, and returns an :class:`Estimate`. Conventions, matching t
 * FLOPs are per sample (batchless shapes), one multiply-add = 2 FLOPs.
 * Only matrix multiplications, convolutions and attention matmuls are counted; elementwise ops,
   activations, normalisation, pooling, softmax and bias additions count 0, as the counter counts them.
+* Types in :data:`~neurarch_trace.contract.ZERO_COST_TYPES` cost nothing.
 * ``None`` means "not known": a type with no formula (``customModule``, containers cut off by a
   depth limit, anything outside the vocabulary) or a layer whose shapes are missing. The caller
   reports such layers as of unknown cost instead of silently counting zero.
@@ -20,13 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-from neurarch_trace.planner.graph import MAX_DIM, Node, is_int, numel
+from neurarch_trace.contract import MAX_DIM, ZERO_COST_TYPES, Node, is_int, numel
 
 __all__ = [
-    "ATTENTION_TYPES",
     "Estimate",
     "UNKNOWN",
-    "ZERO_COST_TYPES",
     "estimate",
     "has_formula",
     "kernel",
@@ -43,20 +42,6 @@ class Estimate:
 
 
 UNKNOWN = Estimate(params=None, flops=None)
-
-#: Types that own no parameters and cost 0 counted FLOPs (activations, dropout, merges, pooling,
-#: reshapes): known to be free, so they never count as "unknown cost".
-ZERO_COST_TYPES = frozenset(
-    """input output dropout relu relu6 elu selu gelu swish mish hardSwish hardSigmoid sigmoid tanh
-    softmax logSoftmax softplus glu leakyRelu flatten add concatenate stack maxpool1d maxpool2d
-    avgpool1d avgpool2d adaptiveAvgPool2d adaptiveMaxPool2d globalAvgPool2d upsample rope""".split()
-)
-
-#: Types whose layer computes attention scores (the eager-attention memory term reads these).
-ATTENTION_TYPES = frozenset(
-    """multiHeadAttention groupedQueryAttention transformerBlock attention selfAttention
-    causalAttention crossModalAttention""".split()
-)
 
 _Formula = Callable[[Node], Estimate]
 _FORMULAS: Dict[str, _Formula] = {}

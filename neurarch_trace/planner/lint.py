@@ -23,9 +23,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Dict, List, Optional, Set, Tuple
 
+from neurarch_trace.contract import (
+    ACTIVATION_TYPES,
+    NORM_TYPES,
+    WEIGHT_TYPES,
+    ZERO_COST_TYPES,
+    Graph,
+    Node,
+    topological_order,
+)
 from neurarch_trace.planner.counts import Counts, measured_int
-from neurarch_trace.planner.estimate import ZERO_COST_TYPES, estimate
-from neurarch_trace.planner.graph import Graph, Node
+from neurarch_trace.planner.estimate import estimate
 from neurarch_trace.planner.verify import Issue
 
 __all__ = ["DEEP_PLAIN_LAYERS", "lint"]
@@ -34,16 +42,6 @@ __all__ = ["DEEP_PLAIN_LAYERS", "lint"]
 #: "eight or more"; VGG-11 has 8 conv layers, the shallowest plain net of that paper's family).
 DEEP_PLAIN_LAYERS = 8
 
-WEIGHT_TYPES = frozenset(
-    """linear conv1d conv2d conv3d transposeConv2d depthwiseConv2d patchEmbed lstm gru rnn
-    multiHeadAttention groupedQueryAttention transformerBlock feedForward swiglu moeLayer lmHead
-    embedding embeddingBag""".split()
-)
-ACTIVATION_TYPES = frozenset(
-    """relu relu6 elu selu gelu swish mish hardSwish hardSigmoid sigmoid tanh leakyRelu prelu
-    softplus glu""".split()
-)
-NORM_TYPES = frozenset({"batchNorm", "layerNorm", "rmsNorm", "groupNorm", "instanceNorm"})
 _BIASED_TYPES = frozenset({"linear", "conv1d", "conv2d", "conv3d", "transposeConv2d", "depthwiseConv2d"})
 _MERGE_TYPES = frozenset({"add", "concatenate", "stack", "residual"})
 
@@ -72,19 +70,9 @@ def _has_bias(node: Node) -> bool:
 
 
 def _topological(graph: Graph) -> List[str]:
-    """Node ids in an order where producers come first, over real edges (Kahn's algorithm);
-    nodes on or behind a cycle are left out."""
-    indegree: Dict[str, int] = {node_id: len(graph.real_preds(node_id)) for node_id in graph.by_id}
-    ready = [node_id for node_id, degree in indegree.items() if degree == 0]
-    order: List[str] = []
-    while ready:
-        node_id = ready.pop()
-        order.append(node_id)
-        for nxt in graph.succs.get(node_id, []):
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                ready.append(nxt)
-    return order
+    """Node ids producers first over real edges (the contract's one topological order); nodes on or
+    behind a cycle are left out."""
+    return list(topological_order(graph.by_id, graph.preds).order)
 
 
 def _classifier_warnings(graph: Graph, order: List[str]) -> List[Issue]:

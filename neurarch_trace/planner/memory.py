@@ -33,9 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from neurarch_trace.contract import ATTENTION_TYPES, Graph, Node, numel, parse_shape
 from neurarch_trace.planner.counts import Counts
-from neurarch_trace.planner.estimate import ATTENTION_TYPES, size
-from neurarch_trace.planner.graph import Graph, Node, numel, parse_shape
+from neurarch_trace.planner.estimate import size
 from neurarch_trace.planner.workload import Workload
 
 __all__ = [

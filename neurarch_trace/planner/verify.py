@@ -5,7 +5,8 @@ taken on trust. Three families of checks, in this order:
 
 1. The format contract (``shared/spec/neurarch-graph.md``, "A clean graph"): unique ids and names,
    no dangling connection, no cycle, every source an ``input``, every sink an ``output``, no
-   orphans; plus malformed shapes and params found while reading.
+   orphans; plus malformed shapes and params found while reading. These come from the contract's
+   one validator (:mod:`neurarch_trace.contract.validate`), which the graph writer uses too.
 2. Per-type consistency of each layer's params with its own shapes: a linear's ``inFeatures``
    against its input's last dim, a conv's ``inChannels`` against its input channels, norm sizes,
    attention heads dividing the width, query heads divisible by key/value heads, group-norm
@@ -25,10 +26,23 @@ taken on trust. Three families of checks, in this order:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from neurarch_trace.planner.estimate import ATTENTION_TYPES, ZERO_COST_TYPES, normalized_shape, size
-from neurarch_trace.planner.graph import MAX_DIM, Graph, Node, is_int, numel, parse_shape
+from neurarch_trace.contract import (
+    ATTENTION_TYPES,
+    KERNEL_KEYS,
+    MAX_DIM,
+    MERGE_TYPES,
+    POSITIVE_KEYS,
+    VOCABULARY,
+    Graph,
+    Node,
+    contract_problems,
+    is_int,
+    numel,
+    parse_shape,
+)
+from neurarch_trace.planner.estimate import normalized_shape, size
 
 __all__ = ["Issue", "verify"]
 
@@ -46,22 +60,9 @@ class Issue:
         return {"code": self.code, "layer": self.layer, "message": self.message}
 
 
-#: Every type the format's vocabulary defines (``neurarch-graph.md``); only these get key checks.
-VOCABULARY = frozenset(ZERO_COST_TYPES) | frozenset(
-    """linear conv1d conv2d conv3d transposeConv2d depthwiseConv2d patchEmbed embedding embeddingBag
-    lstm gru rnn multiHeadAttention groupedQueryAttention transformerBlock feedForward swiglu moeLayer
-    lmHead batchNorm layerNorm rmsNorm groupNorm instanceNorm prelu attention selfAttention
-    causalAttention crossModalAttention positionalEncoding seBlock residual""".split()
-)
-
-#: Params that are sizes: a positive integer when present.
-POSITIVE_KEYS = (
-    "inFeatures outFeatures inChannels outChannels numFeatures numGroups numChannels numHeads "
-    "numKVHeads hiddenDim embedDim ffDim intermediateSize vocabSize embeddingDim inputSize "
-    "hiddenSize numLayers numExperts expertDim topK inChans depthMultiplier numParameters groups"
-).split()
-#: Params that are a positive integer or a list of them.
-KERNEL_KEYS = ("kernelSize", "stride", "dilation", "patchSize")
+#: The types whose params are checked: the vocabulary less ``customModule``, whose params are the
+#: module's own (``className``, ``paramCount``).
+CHECKED_TYPES = VOCABULARY - {"customModule"}
 
 #: Which dimension of its input a type's params read: 0 (channels first) or -1 (features last).
 READ_DIM: Dict[str, int] = {
@@ -72,7 +73,6 @@ READ_DIM: Dict[str, int] = {
                        "moeLayer", "lmHead")},
 }
 
-_MERGE_TYPES = frozenset({"add", "concatenate", "stack"})
 _CONV_DIMS = {"conv1d": 1, "conv2d": 2, "conv3d": 3, "transposeConv2d": 2, "depthwiseConv2d": 2}
 
 
@@ -89,95 +89,8 @@ def _value(value: Any) -> str:
 
 
 def _contract(graph: Graph) -> List[Issue]:
-    issues: List[Issue] = []
-    by_id: Dict[str, List[Node]] = {}
-    by_name: Dict[str, List[Node]] = {}
-    for node in graph.nodes:
-        by_id.setdefault(node.id, []).append(node)
-        by_name.setdefault(node.name, []).append(node)
-    for node_id, nodes in by_id.items():
-        if len(nodes) > 1:
-            names = " and ".join(n.label for n in nodes[:2])
-            issues.append(Issue("duplicate-id", nodes[0].name, f"duplicate id '{node_id}' (layers {names})"))
-    for name, nodes in by_name.items():
-        if len(nodes) > 1:
-            issues.append(Issue("duplicate-name", name, f"duplicate name '{name}' ({len(nodes)} layers)"))
-    for sentence in graph.dangling:
-        issues.append(Issue("dangling-connection", None, sentence))
-
-    # Sources, sinks and cycles over every edge, synthetic ones included: the tracer adds those
-    # precisely so that the graph is clean.
-    has_in: Set[str] = set()
-    has_out: Set[str] = set()
-    succ: Dict[str, Set[str]] = {}
-    pred: Dict[str, Set[str]] = {}
-    for edge in graph.edges:
-        has_out.add(edge.src)
-        has_in.add(edge.dst)
-        succ.setdefault(edge.src, set()).add(edge.dst)
-        pred.setdefault(edge.dst, set()).add(edge.src)
-
-    if not graph.inputs:
-        issues.append(Issue("no-input", None, "the graph has no input node"))
-    if not graph.outputs:
-        issues.append(Issue("no-output", None, "the graph has no output node"))
-    for node in graph.by_id.values():
-        fed, feeds = node.id in has_in, node.id in has_out
-        if node.type == "input":
-            if not feeds:
-                issues.append(Issue("orphan", node.name, f"input {node.label} feeds nothing"))
-        elif node.type == "output":
-            if not fed:
-                issues.append(Issue("orphan", node.name, f"output {node.label} is fed by nothing"))
-        elif not fed and not feeds:
-            issues.append(Issue("orphan", node.name, f"{node.label} is connected to nothing (orphan)"))
-        elif not fed:
-            issues.append(Issue("source-not-input", node.name,
-                                f"{node.label} has no incoming connection but is not an input"))
-        elif not feeds:
-            issues.append(Issue("sink-not-output", node.name,
-                                f"{node.label} has no outgoing connection but is not an output (dead branch)"))
-    issues.extend(_cycles(graph, succ, pred))
-    for node, sentence in graph.problems:
-        issues.append(Issue("malformed-field", node.name if node else None, sentence))
-    return issues
-
-
-def _cycles(graph: Graph, succ: Dict[str, Set[str]], pred: Dict[str, Set[str]], limit: int = 3) -> List[Issue]:
-    """Kahn's algorithm leaves exactly the nodes on or behind a cycle; walking predecessors from
-    any of them must revisit a node, and the loop walked is a cycle. Reports up to ``limit``."""
-    indegree = {node_id: len(pred.get(node_id, ())) for node_id in graph.by_id}
-    ready = [node_id for node_id, degree in indegree.items() if degree == 0]
-    while ready:
-        node_id = ready.pop()
-        for nxt in succ.get(node_id, ()):
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                ready.append(nxt)
-    stuck = {node_id for node_id, degree in indegree.items() if degree > 0}
-    issues: List[Issue] = []
-    reported: Set[str] = set()
-    for start in sorted(stuck, key=lambda i: graph.by_id[i].index):
-        if len(issues) >= limit or start in reported:
-            continue
-        order: Dict[str, int] = {}
-        path: List[str] = []
-        node_id = start
-        while node_id not in order and node_id not in reported:
-            order[node_id] = len(path)
-            path.append(node_id)
-            node_id = min((p for p in pred.get(node_id, ()) if p in stuck), key=lambda i: graph.by_id[i].index)
-        if node_id in reported:
-            reported.update(path)
-            continue
-        loop = list(reversed(path[order[node_id]:]))  # predecessors walked backwards: flip
-        first = min(range(len(loop)), key=lambda i: graph.by_id[loop[i]].index)
-        loop = loop[first:] + loop[:first]  # start at the loop's first layer in file order
-        reported.update(path)
-        names = [graph.by_id[i].label for i in loop]
-        shown = names if len(names) <= 6 else names[:5] + ["..."]
-        issues.append(Issue("cycle", graph.by_id[loop[0]].name, "cycle through " + " -> ".join(shown + [names[0]])))
-    return issues
+    """The contract's one validator (:func:`neurarch_trace.contract.contract_problems`), as blockers."""
+    return [Issue(p.code, p.layer, p.message) for p in contract_problems(graph)]
 
 
 # --- 2. per-type consistency ----------------------------------------------------------------------
@@ -338,7 +251,7 @@ def _edge_checks(graph: Graph) -> List[Issue]:
     for node in graph.by_id.values():
         read = READ_DIM.get(node.type)
         producers = graph.real_preds(node.id)
-        if read is None or node.type in _MERGE_TYPES or len(producers) != 1 or node.input_shape is None:
+        if read is None or node.type in MERGE_TYPES or len(producers) != 1 or node.input_shape is None:
             continue
         producer = graph.by_id[producers[0]]
         outs = _recorded_outputs(producer)
@@ -361,7 +274,7 @@ def verify(graph: Graph) -> List[Issue]:
     """Every blocker of ``graph``, contract first, then per-layer, then along edges."""
     issues = _contract(graph)
     for node in graph.by_id.values():
-        if node.type in VOCABULARY:
+        if node.type in CHECKED_TYPES:
             issues.extend(_key_checks(node))
             issues.extend(_type_checks(node))
     issues.extend(_edge_checks(graph))

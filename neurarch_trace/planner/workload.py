@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
-from neurarch_trace.planner.graph import Graph, Node, numel, parse_shape
+from neurarch_trace.contract import Graph, Node, numel, parse_shape
 
 __all__ = ["INT_DTYPES", "Workload", "workload"]
 

@@ -1,0 +1,129 @@
+"""Reading and writing ``.neurarch.json`` files: the one reader and the one writer.
+
+:func:`read_graph` loads a file and checks it is a graph (optionally the whole contract);
+:func:`write_graph` validates and writes atomically. :func:`default_graph_path` and
+:func:`check_output_path` are the output-path rules every front end applies before a trace, so a
+bad ``-o`` costs no trace.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+
+from neurarch_trace.contract.document import not_a_graph
+from neurarch_trace.contract.validate import check_graph
+from neurarch_trace.errors import GraphError, NeurarchError
+
+__all__ = ["check_output_path", "default_graph_path", "dumps_graph", "read_graph", "write_error", "write_graph"]
+
+#: The file name ending of a graph.
+SUFFIX = ".neurarch.json"
+
+
+def read_graph(path: str | os.PathLike[str], *, strict: bool = False) -> dict:
+    """Read a ``.neurarch.json`` file.
+
+    The document must be a graph (an object with ``components`` and ``connections`` arrays whose
+    components carry string ids). With ``strict=True`` the whole clean-graph contract is enforced
+    (see :func:`~neurarch_trace.contract.validate.validate_graph`); otherwise a graph with, say, a
+    dead branch is still returned, so a plan service can report it as a blocker.
+
+    Raises:
+        GraphError: the file is missing or unreadable, is not JSON, or is not a graph.
+    """
+    p = os.fspath(path)
+    try:
+        with open(p, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise GraphError(f"graph file {p} does not exist") from None
+    except IsADirectoryError:
+        raise GraphError(f"graph file {p} is a directory, not a .neurarch.json file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GraphError(f"cannot read graph file {p}: {exc}") from exc
+    try:
+        graph = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GraphError(f"graph file {p} is not JSON ({exc.msg} at line {exc.lineno})") from exc
+    if strict:
+        return check_graph(graph, what=f"graph file {p}")
+    fault = not_a_graph(graph)
+    if fault is not None:
+        raise GraphError(f"graph file {p} is not a .neurarch.json graph: {fault.file_sentences[0]}")
+    return graph
+
+
+def dumps_graph(graph: dict) -> str:
+    """Serialise a graph deterministically (key order as built, two-space indent, final newline)."""
+    return json.dumps(graph, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def write_graph(graph: dict, path: str | os.PathLike[str], *, validate: bool = True) -> str:
+    """Write ``graph`` to ``path`` atomically and return the path written.
+
+    The text goes to a temporary file in the same folder, is flushed to disk, then renamed over
+    ``path``: a failure never leaves a partial file and never clobbers an earlier good one.
+
+    Raises:
+        GraphError: ``validate`` is true and the graph breaks the contract (nothing is written).
+        OSError: the folder does not exist or is not writable; ``str()`` names ``path``.
+    """
+    if validate:
+        check_graph(graph)
+    text = dumps_graph(graph)
+    p = os.fspath(path)
+    target = os.path.realpath(p)  # writing through a symbolic link updates the file it points to
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise OSError(errno.ENOENT, f"cannot write {p}: folder {folder} does not exist")
+    if os.path.isdir(target):
+        raise OSError(errno.EISDIR, f"cannot write {p}: it is a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".neurarch-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write {p}: {exc.strerror} (folder {folder})") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return p
+
+
+def default_graph_path(name: str) -> str:
+    """``./<name>.neurarch.json`` with every character of ``name`` that is not a letter, a digit,
+    ``-``, ``_`` or ``.`` made ``_`` (``model`` when nothing is left)."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name).strip("._")
+    return f"{safe or 'model'}{SUFFIX}"
+
+
+def check_output_path(path: str) -> str:
+    """Return ``path`` when a graph can be written there: its folder exists and it is no folder.
+
+    Raises:
+        NeurarchError: one line naming the path and what is wrong with it.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise NeurarchError(f"cannot write {path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise NeurarchError(f"cannot write {path}: it is a folder; give a file name ending in {SUFFIX}")
+    return path
+
+
+def write_error(exc: OSError, path: str) -> NeurarchError:
+    """The one-line error for a :func:`write_graph` that raised ``exc`` writing ``path``."""
+    if exc.strerror and str(path) in exc.strerror:
+        return NeurarchError(exc.strerror)  # write_graph's own sentence already names the path
+    return NeurarchError(f"cannot write {path}: {exc.strerror or exc}")
