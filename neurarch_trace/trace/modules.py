@@ -1,0 +1,78 @@
+"""What the tracer needs to know about modules before it hooks them: wrappers to look through,
+TorchScript submodules to stand in for, recurrent layers in all their forms."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, List, Tuple
+
+import torch
+from torch import nn
+
+__all__ = ["Opaque", "inner", "is_recurrent", "opaque_script_modules", "unwrap_model"]
+
+#: How many wrappers deep :func:`unwrap_model` looks.
+MAX_WRAPPERS = 16
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside ``torch.compile``, nn.DataParallel and DistributedDataParallel wrappers,
+    so that names and scopes carry no ``_orig_mod.``/``module.`` prefix. The compiled wrapper is
+    never run: tracing is eager."""
+    for _ in range(MAX_WRAPPERS):
+        inner_model = getattr(model, "_orig_mod", None)
+        if isinstance(inner_model, nn.Module):
+            model = inner_model
+        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else:
+            break
+    return model
+
+
+class Opaque(nn.Module):
+    """Stands in for a TorchScript submodule (which refuses Python hooks) during the trace: one
+    opaque layer whose ``_neurarch_inner`` is the scripted module."""
+
+    _neurarch_opaque = True
+
+    def __init__(self, wrapped: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "_neurarch_inner", wrapped)
+        self.inner = wrapped
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner(*args, **kwargs)
+
+
+def inner(module: nn.Module) -> nn.Module:
+    """The module an :class:`Opaque` stands for, or ``module`` itself."""
+    return getattr(module, "_neurarch_inner", module)
+
+
+@contextlib.contextmanager
+def opaque_script_modules(model: nn.Module) -> Iterator[None]:
+    """Within the block, every TorchScript child of a Python module is replaced by an
+    :class:`Opaque` wrapper; the children are put back on the way out, whatever happens."""
+    swapped: List[Tuple[nn.Module, str, nn.Module]] = []
+    try:
+        for parent in list(model.modules()):
+            if isinstance(parent, torch.jit.ScriptModule):
+                continue
+            for name, child in list(parent._modules.items()):
+                if isinstance(child, torch.jit.ScriptModule):
+                    parent._modules[name] = Opaque(child)
+                    swapped.append((parent, name, child))
+        yield
+    finally:
+        for parent, name, child in swapped:
+            parent._modules[name] = child
+
+
+def is_recurrent(module: nn.Module) -> bool:
+    """nn.LSTM/GRU/RNN, and their quantized versions (which do not subclass nn.RNNBase)."""
+    if isinstance(module, nn.RNNBase):
+        return True
+    return type(module).__module__.startswith("torch.ao.nn.quantized") and all(
+        hasattr(module, attr) for attr in ("mode", "hidden_size", "num_layers", "bidirectional", "batch_first")
+    )

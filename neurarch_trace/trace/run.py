@@ -1,0 +1,182 @@
+"""``trace_model``: check the arguments, run one forward pass under the recorder, build the graph.
+
+This module only orchestrates: the recorder (:mod:`.recorder`) records, the serialiser
+(:mod:`.serialise`) writes the graph. The forward runs once, in ``eval()`` mode with autograd
+enabled; the model's training flags are restored and every hook removed in a ``finally`` block.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from neurarch_trace.errors import TraceError
+from neurarch_trace.flops import FlopMode
+from neurarch_trace.text import error_line
+from neurarch_trace.trace.modules import Opaque, opaque_script_modules, unwrap_model
+from neurarch_trace.trace.recorder import Recorder
+from neurarch_trace.trace.serialise import build_graph
+from neurarch_trace.trace.tensors import iter_tensors, named_tensors, tensor_text
+
+__all__ = ["trace_model"]
+
+
+def _split_inputs(inputs: Any) -> Tuple[tuple, dict]:
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    if isinstance(inputs, Sequence) and not isinstance(inputs, (str, bytes)):
+        return tuple(inputs), {}
+    raise TypeError(
+        f"inputs must be a tensor, a sequence of tensors or a dict of keyword arguments, not {type(inputs).__name__}"
+    )
+
+
+def _input_names(model: nn.Module, n_args: int) -> List[str]:
+    try:
+        params = [
+            p for p in inspect.signature(model.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params[:n_args]]
+    return names + [f"input_{i}" for i in range(len(names), n_args)]
+
+
+def _install_hooks(model: nn.Module, recorder: Recorder, progress: Optional[Callable[[int], None]],
+                   handles: list) -> None:
+    """A pre-hook and a post-hook on every Python module (TorchScript ones refuse hooks); with
+    ``progress``, the pre-hook also reports the layer calls recorded so far."""
+    pre: Callable[..., None] = recorder.pre_hook
+    if progress is not None:
+        first = len(recorder.records)
+        seen = [first]
+
+        def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            recorder.pre_hook(module, args, kwargs)
+            if len(recorder.records) != seen[0]:
+                seen[0] = len(recorder.records)
+                progress(seen[0] - first)
+
+    for module in model.modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            continue
+        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(module.register_forward_hook(recorder.post_hook, with_kwargs=True))
+
+
+def _on_meta(model: nn.Module, args: tuple, kwargs: dict) -> bool:
+    tensors = list(iter_tensors(args)) + list(iter_tensors(kwargs))
+    return any(t.is_meta for t in tensors) or any(p.is_meta for p in model.parameters())
+
+
+def _needs_values(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "meta" in text or "data-dependent" in text or "item()" in text
+
+
+def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
+                 tensors: List[Tuple[str, torch.Tensor]]) -> TraceError:
+    where = recorder.where()
+    if _on_meta(model, args, kwargs) and _needs_values(exc):
+        return TraceError(
+            f"the forward pass needs real tensor values, which the meta device does not have, {where} "
+            f"({error_line(exc)}): trace on the CPU instead (--device cpu)"
+        )
+    shown = ", ".join(f"{n} {tensor_text(t)}" for n, t in tensors)
+    return TraceError(
+        f"the forward pass failed {where} with inputs {shown}: {error_line(exc)}; "
+        "check the input shapes and dtypes against what the model's forward expects"
+    )
+
+
+def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
+             tensors: List[Tuple[str, torch.Tensor]], progress: Optional[Callable[[int], None]]) -> Any:
+    """Run the forward once under the hooks, the FLOP mode and the flow mode; put everything back."""
+    training = {m: m.training for m in model.modules()}
+    handles: list = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the trace makes many small objects; full collections would cost more than the trace
+    try:
+        _install_hooks(model, recorder, progress, handles)
+        model.eval()
+        with torch.enable_grad(), FlopMode(recorder.on_flops), recorder.flow:
+            try:
+                return model(*args, **kwargs)
+            finally:
+                recorder.flow.restore()  # a forward that raised inside a layer left the mode popped
+    except Exception as exc:
+        raise _trace_error(exc, recorder, model, args, kwargs, tensors) from exc
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        for handle in handles:
+            handle.remove()
+        for module, flag in training.items():
+            module.training = flag
+
+
+def trace_model(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    kwargs: Optional[Mapping[str, Any]] = None,
+    name: Optional[str] = None,
+    depth: Optional[int] = None,
+    description: Optional[str] = None,
+    progress: Optional[Callable[[int], None]] = None,
+) -> dict:
+    """Run one forward pass of ``model`` on ``inputs`` and return the ``.neurarch.json`` graph.
+
+    Args:
+        model: any ``nn.Module``; ``torch.compile``, nn.DataParallel and DDP wrappers are traced as
+            the model inside them.
+        inputs: one tensor, a sequence of tensors (positional arguments) or a dict (keyword
+            arguments), batch first. The first dim of the first tensor is the batch size.
+        kwargs: more keyword arguments, passed after positional ``inputs``.
+        name: the graph's name (default: the model's class name).
+        depth: stop descending at this depth (1 = the root's children); a container cut off there
+            is one node. ``None`` descends to the leaves.
+        description: the top-level ``description`` (default: says what traced it and the inputs).
+        progress: called with the number of layer calls recorded so far, from the hooks.
+
+    Returns:
+        The graph as a dict (see ``shared/spec/neurarch-graph.md`` and ``docs/measured.md``):
+        shapes batchless, FLOPs at the traced batch size, one multiply-add = 2 FLOPs.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module`` or ``inputs`` has another type.
+        ValueError: no input tensor, a 0-d first input, or ``depth`` below 0.
+        TraceError: the forward pass raised; the message says how far the trace got and repeats the
+            model's own complaint; the original exception is chained.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if depth is not None and depth < 0:
+        raise ValueError(f"depth must be 0 or more, not {depth}")
+    model = unwrap_model(model)
+    if isinstance(model, torch.jit.ScriptModule):
+        model = Opaque(model)  # a scripted model refuses hooks: trace it as one opaque layer
+    args, call_kwargs = _split_inputs(inputs)
+    call_kwargs = {**call_kwargs, **kwargs} if kwargs else call_kwargs
+    named_inputs = list(zip(_input_names(model, len(args)), args)) + list(call_kwargs.items())
+    tensors = [pair for n, value in named_inputs for pair in named_tensors(n, value)]
+    if not tensors:
+        raise ValueError("inputs hold no tensor: give at least one input tensor, batch first")
+    if tensors[0][1].dim() == 0:
+        raise ValueError(f"input {tensors[0][0]!r} is a 0-d tensor: inputs are batch first, e.g. shape (1, 3, 224, 224)")
+    graph_name = name or type(model).__name__
+
+    with opaque_script_modules(model):
+        recorder = Recorder(model, depth=depth, batch_size=int(tensors[0][1].shape[0]), root_name=graph_name)
+        for input_name, t in tensors:
+            recorder.add_input(input_name, t)
+        output = _forward(recorder, model, args, call_kwargs, tensors, progress)
+    return build_graph(recorder.finish(output), model=model, named_inputs=named_inputs, name=graph_name,
+                       description=description)

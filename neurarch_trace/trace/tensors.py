@@ -1,0 +1,58 @@
+"""Walking the tensors inside forward arguments and outputs, and naming them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from neurarch_trace.text import shape_text
+
+__all__ = ["dtype_name", "iter_tensors", "named_tensors", "tensor_text"]
+
+#: Nesting depth past which containers are not looked into.
+MAX_DEPTH = 8
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).replace("torch.", "")
+
+
+def tensor_text(t: torch.Tensor) -> str:
+    """``1x3x224x224 float32`` (``scalar float32`` for a 0-d tensor)."""
+    return f"{shape_text([int(d) for d in t.shape])} {dtype_name(t.dtype)}"
+
+
+def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """Every tensor inside ``obj``: tensors, lists, tuples (named ones too), dicts (and
+    transformers' ``ModelOutput``), dataclasses; in order."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        return
+    if depth > MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return
+    if isinstance(obj, Mapping):
+        for value in obj.values():
+            yield from iter_tensors(value, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from iter_tensors(value, depth + 1)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for field in dataclasses.fields(obj):
+            yield from iter_tensors(getattr(obj, field.name, None), depth + 1)
+
+
+def named_tensors(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor inside one forward argument, named by its path: ``xs.0``, ``batch.image``."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif depth > MAX_DEPTH or value is None or isinstance(value, (str, bytes)):
+        return
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from named_tensors(f"{name}.{key}", item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from named_tensors(f"{name}.{i}", item, depth + 1)
