@@ -2,7 +2,8 @@
 
 The vocabulary and the exact parameter keys are fixed by ``shared/spec/neurarch-graph.md``. A class
 this table does not know becomes ``customModule`` with its ``className`` and exact ``paramCount``:
-the mapping never guesses a type from a layer's shapes. Third-party classes are recognised by exact
+the mapping never guesses a type from a layer's shapes. Every type it returns is checked against the
+contract's vocabulary (:data:`neurarch_trace.contract.TYPES`). Third-party classes are recognised by exact
 class name only (the transformers layers every checkpoint uses), never by a loose pattern; the one
 exception is a container cut off by ``--depth``, whose class name is read for what it says
 (attention, MLP, decoder layer, ...), as the issue asks.
@@ -14,6 +15,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from neurarch_trace.contract import check_type
 
 __all__ = ["layer_spec", "container_spec", "is_whole_layer", "is_passthrough", "count_params"]
 
@@ -355,9 +358,11 @@ def layer_spec(mod: nn.Module, *, param_count: int) -> Spec:
     fn = _lookup(mod)
     if fn is not None:
         try:
-            return fn(mod)
+            kind, params = fn(mod)
         except (AttributeError, TypeError, RuntimeError):
             pass  # a subclass that broke the attributes the table reads: fall through, don't guess
+        else:
+            return check_type(kind), params
     return "customModule", {"className": type(mod).__name__, "paramCount": param_count}
 
 
@@ -415,6 +420,12 @@ def _ff_dims(mod: nn.Module) -> tuple[int | None, int | None]:
 
 
 def container_spec(mod: nn.Module, *, param_count: int) -> Spec:
+    """The ``(type, params)`` of a container cut off by ``--depth`` (see :func:`_container_spec`)."""
+    kind, params = _container_spec(mod, param_count=param_count)
+    return check_type(kind), params
+
+
+def _container_spec(mod: nn.Module, *, param_count: int) -> Spec:
     """The ``(type, params)`` of a container cut off by ``--depth``.
 
     Table layers first; then the class name is read for what it says: ``*Attention*`` becomes

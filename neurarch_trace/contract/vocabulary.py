@@ -44,7 +44,7 @@ TYPES: Mapping[str, Tuple[str, ...]] = MappingProxyType({
     "conv2d": _CONV_KEYS,
     "conv3d": _CONV_KEYS,
     "transposeConv2d": _CONV_KEYS + ("outputPadding",),
-    "depthwiseConv2d": _keys("inChannels kernelSize depthMultiplier stride padding"),
+    "depthwiseConv2d": _keys("inChannels kernelSize depthMultiplier"),
     "patchEmbed": _keys("patchSize embedDim inChans"),
     "maxpool1d": _POOL_KEYS,
     "maxpool2d": _POOL_KEYS,
