@@ -13,7 +13,7 @@ from torch import nn
 
 from neurarch_trace.inputs import InputSpec, make_inputs
 from neurarch_trace.targets import load_target
-from neurarch_trace.tracer import trace_model
+from neurarch_trace.tracer import dtype_name, trace_model
 
 __all__ = ["trace_target", "describe_inputs"]
 
@@ -23,7 +23,7 @@ def describe_inputs(specs: Sequence[InputSpec], default_dtype: torch.dtype) -> s
     parts = []
     for spec in specs:
         dims = ",".join(str(d) for d in spec.shape)
-        dtype = str(spec.dtype or default_dtype).replace("torch.", "")
+        dtype = dtype_name(spec.dtype or default_dtype)
         prefix = f"{spec.name}=" if spec.name else ""
         parts.append(f"--input {prefix}{dims}:{dtype}")
     return " ".join(parts)

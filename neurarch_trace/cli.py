@@ -5,37 +5,33 @@ reference plan service.
     neurarch-trace plan FILE.neurarch.json [...]        plan a saved graph
     neurarch-trace serve [...]                          run the reference plan service
 
-Every failure a user can cause prints one line ``neurarch-trace: ...`` on stderr and exits 1 (a
-traceback only with ``--verbose``).
+One dispatcher (:func:`main`) picks the subcommand by the first word (anything else is a trace
+target), parses with that subcommand's parser and runs it inside one error boundary
+(:func:`_guarded`): every failure a user can cause prints one line ``neurarch-trace: ...`` on stderr
+and exits 1 (a traceback only with ``--verbose``). ``serve`` is the plan service's own front end
+(:mod:`neurarch_trace.server.cli`), handed the rest of the line.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
-from typing import Any, NoReturn, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
+from neurarch_trace import plan_cli
 from neurarch_trace._version import __version__
+from neurarch_trace.console import PROG, Parser, say
+from neurarch_trace.contract import check_output_path, default_graph_path, dumps_graph, layer_count, write_error, write_graph
 from neurarch_trace.errors import NeurarchError
 
-PROG = "neurarch-trace"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, with usage errors as one line and exit code 1."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(1, f"{PROG}: {message} (see {PROG} --help)\n")
-
-
-def _say(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+__all__ = ["build_parser", "build_plan_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    """The trace command's parser (the plan options included)."""
+    parser = Parser(
         prog=PROG,
         description=(
             "Trace one forward pass of a PyTorch model into a .neurarch.json graph. "
@@ -70,56 +66,76 @@ def build_parser() -> argparse.ArgumentParser:
                              "model without a task head; e.g. AutoModelForCausalLM adds the LM head)")
     parser.add_argument("--verbose", action="store_true", help="print the full traceback on failure")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    plan_cli = _plan_cli()
-    if plan_cli is not None:
-        plan_cli.add_plan_arguments(parser)
+    plan_cli.add_plan_arguments(parser)
     return parser
 
 
-def _plan_cli() -> Any:
-    try:
-        from neurarch_trace import plan_cli
-    except ImportError:  # pragma: no cover - only while the plan client is not installed
-        return None
-    return plan_cli
+def build_plan_parser() -> argparse.ArgumentParser:
+    """The parser of ``neurarch-trace plan``."""
+    parser = Parser(
+        prog=f"{PROG} plan",
+        description="Re-plan a saved .neurarch.json graph without tracing again: send it to the plan "
+        "service (NEURARCH_API, default www.neurarch.com) and print the card it returns.",
+        epilog="Exit codes: 0 card printed; 1 bad graph file or the plan failed (the graph file is "
+        "untouched); 2 with --fail-on-block when the plan reports a blocker.",
+    )
+    plan_cli.add_replan_arguments(parser)
+    return parser
+
+
+@dataclass(frozen=True)
+class _Command:
+    """A subcommand: its parser, what runs it (returns the exit code), and what to say when the
+    user interrupts it."""
+
+    parser: Callable[[], argparse.ArgumentParser]
+    run: Callable[[argparse.Namespace], int]
+    interrupted: str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 success, 1 failure, 2 blocked plan)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list and args_list[0] == "serve":
+    if args_list[:1] == ["serve"]:
         from neurarch_trace.server.cli import serve_main
 
         return serve_main(args_list[1:])
-    if args_list and args_list[0] == "plan":
-        plan_cli = _plan_cli()
-        if plan_cli is None:  # pragma: no cover
-            _say("the plan command is not available in this install")
-            return 1
-        return plan_cli.plan_main(args_list[1:])
-    parser = build_parser()
+    if args_list[:1] == ["plan"]:
+        command, rest = _COMMANDS["plan"], args_list[1:]
+    else:
+        command, rest = _COMMANDS["trace"], args_list
     try:
-        args = parser.parse_args(args_list)
+        args = command.parser().parse_args(rest)
     except SystemExit as exc:  # --help, --version, or a usage error already printed as one line
         return int(exc.code or 0)
+    return _guarded(command, args)
+
+
+def _guarded(command: _Command, args: argparse.Namespace) -> int:
+    """The one error boundary: a user's error is one line and exit 1; so is a fault of ours, with
+    the traceback under ``--verbose``."""
+    verbose = bool(getattr(args, "verbose", False))
     try:
-        return _trace_command(args)
+        return command.run(args)
     except NeurarchError as exc:
-        if args.verbose:
+        if verbose:
             traceback.print_exc()
-        _say(str(exc))
+        say(str(exc))
         return 1
     except KeyboardInterrupt:
-        _say("interrupted; nothing was written")
+        say(command.interrupted)
         return 1
     except Exception as exc:  # noqa: BLE001 - a fault of ours: one line, traceback with --verbose
-        if args.verbose:
+        if verbose:
             traceback.print_exc()
-        _say(f"internal error: {type(exc).__name__}: {exc} (run again with --verbose and report it)")
+        say(f"internal error: {type(exc).__name__}: {exc} (run again with --verbose and report it)")
         return 1
 
 
 def _trace_command(args: argparse.Namespace) -> int:
+    """The trace command: check everything that can be checked before the trace, trace, write the
+    graph (or print it with ``-o -``), then plan it when asked. Torch loads here, not before."""
+    from neurarch_trace.api import trace_target
     from neurarch_trace.errors import TargetError
     from neurarch_trace.inputs import parse_dtype, parse_input
     from neurarch_trace.progress import Progress
@@ -128,8 +144,7 @@ def _trace_command(args: argparse.Namespace) -> int:
     check_target_form(args.target)
     is_hf = args.target.startswith("hf:")
     to_stdout = args.output == "-"
-    plan_cli = _plan_cli()
-    base = plan_cli.check_plan_arguments(args) if plan_cli is not None else None
+    base = plan_cli.check_plan_arguments(args)
     if args.depth is not None and args.depth < 0:
         raise TargetError(f"--depth must be 0 or more, not {args.depth}")
     if args.weights and not is_hf:
@@ -148,18 +163,9 @@ def _trace_command(args: argparse.Namespace) -> int:
     device = args.device or ("meta" if is_hf and not args.weights else "cpu")
     if args.weights and device == "meta":
         raise TargetError("--weights loads real weights, which the meta device cannot hold: drop --device meta")
-    out_path = None
-    if not to_stdout and args.output is not None:
-        out_path = args.output
-        folder = os.path.dirname(os.path.abspath(out_path))
-        if not os.path.isdir(folder):
-            raise NeurarchError(f"cannot write {out_path}: folder {folder} does not exist")
-        if os.path.isdir(out_path):
-            raise NeurarchError(f"cannot write {out_path}: it is a folder; give a file name ending in .neurarch.json")
+    out_path = check_output_path(args.output) if not to_stdout and args.output is not None else None
 
     progress = Progress()
-    from neurarch_trace.api import trace_target
-
     with progress:
         graph, loaded_name = trace_target(
             args.target,
@@ -173,30 +179,27 @@ def _trace_command(args: argparse.Namespace) -> int:
             quiet=not args.verbose,
             progress=progress,
         )
-    layers = sum(1 for c in graph["components"] if c["type"] not in ("input", "output"))
-    from neurarch_trace.graph import dumps_graph, write_graph
-
     if to_stdout:
         sys.stdout.write(dumps_graph(graph))
         sys.stdout.flush()
         path = None
     else:
-        path = out_path or f"{_file_stem(graph['name'])}.neurarch.json"
+        path = out_path or default_graph_path(graph["name"])
         progress.step("writing the graph")
         try:
             write_graph(graph, path)
         except OSError as exc:
-            raise NeurarchError(exc.strerror if exc.strerror and str(path) in exc.strerror else f"cannot write {path}: {exc}") from exc
+            raise write_error(exc, path) from exc
         progress.clear()
-        print(f"wrote {path} ({layers} layers, {len(graph['connections'])} connections)", file=sys.stderr, flush=True)
-    if plan_cli is not None and (getattr(args, "plan", False) or getattr(args, "share", False)):
-        return plan_cli.run_plan(args, graph, path, target=args.target, inputs=input_texts, base=base)
-    return 0
+        print(f"wrote {path} ({layer_count(graph)} layers, {len(graph['connections'])} connections)",
+              file=sys.stderr, flush=True)
+    return plan_cli.run_plan(args, graph, path, target=args.target, inputs=input_texts, base=base)
 
 
-def _file_stem(name: str) -> str:
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name).strip("._")
-    return safe or "model"
+_COMMANDS = {
+    "trace": _Command(build_parser, _trace_command, "interrupted; nothing was written"),
+    "plan": _Command(build_plan_parser, plan_cli.plan_command, "interrupted"),
+}
 
 
 if __name__ == "__main__":  # pragma: no cover

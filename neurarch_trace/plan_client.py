@@ -29,7 +29,6 @@ the original error stays reachable as ``__cause__``.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ import requests
 
 from neurarch_trace._version import __version__
 from neurarch_trace.errors import GraphError, NeurarchError
+from neurarch_trace.text import one_line, wait_text
 
 __all__ = [
     "DEFAULT_API",
@@ -54,6 +54,7 @@ __all__ = [
     "api_base",
     "check_api",
     "api_host",
+    "plan_blocked",
     "request_plan",
     "trace_source",
     "user_agent",
@@ -66,6 +67,7 @@ DEFAULT_TIMEOUT = 30.0
 """Seconds allowed to connect, and to wait for each piece of the answer (``requests`` semantics)."""
 
 PLAN_PATH = "/api/v1/plan"
+#: The request's ``attention`` values (``plan-api.md``).
 ATTENTION_KINDS = ("sdpa", "flash", "eager")
 _MAX_SERVER_SENTENCE = 300  # characters of a server's error sentence kept in our one line
 
@@ -183,20 +185,26 @@ class PlanResponse:
 
     @property
     def blocked(self) -> Optional[bool]:
-        """True when the plan reports a blocker (``plan.run.legal`` false or ``blockers`` non-empty),
-        False when it reports none, None when the answer carries no ``plan.run`` to tell."""
-        run = (self.plan or {}).get("run")
-        if not isinstance(run, dict):
-            return None
-        legal, blockers = run.get("legal"), run.get("blockers")
-        if legal is False or (isinstance(blockers, list) and blockers):
-            return True
-        if isinstance(legal, bool) or isinstance(blockers, list):
-            return False
-        return None
+        """:func:`plan_blocked` of :attr:`plan`."""
+        return plan_blocked(self.plan)
 
     def __str__(self) -> str:
         return self.text
+
+
+def plan_blocked(plan: Optional[Mapping[str, Any]]) -> Optional[bool]:
+    """The blocker verdict of a plan, as ``plan-api.md`` defines it: True when ``plan.run.legal``
+    is false or ``plan.run.blockers`` is non-empty, False when the plan says it runs, None when
+    there is no plan or it carries no ``run`` verdict to tell."""
+    run = (plan or {}).get("run")
+    if not isinstance(run, dict):
+        return None
+    legal, blockers = run.get("legal"), run.get("blockers")
+    if legal is False or (isinstance(blockers, list) and blockers):
+        return True
+    if isinstance(legal, bool) or isinstance(blockers, list):
+        return False
+    return None
 
 
 # ------------------------------------------------------------------------------ configuration
@@ -428,11 +436,8 @@ def _lower_first(text: str) -> str:
 
 
 def _one_line(text: str) -> str:
-    """Collapse whitespace (newlines included) and cap the length, so a sentence fits one line."""
-    text = " ".join(text.split())
-    if len(text) > _MAX_SERVER_SENTENCE:
-        text = text[: _MAX_SERVER_SENTENCE - 3].rstrip() + "..."
-    return text
+    """A server's sentence on one line, at most 300 characters."""
+    return one_line(text, _MAX_SERVER_SENTENCE)
 
 
 def _decode_json(response: requests.Response) -> Any:
@@ -470,7 +475,7 @@ def _status_error(response: requests.Response, *, host: str, key_sent: bool) -> 
         elif "NEURARCH_API_KEY" not in (sentence or ""):  # the service may already have said it
             message += "; set NEURARCH_API_KEY to an API key the service issued to lift the limit"
         if retry_after is not None:
-            message += f", or retry in {_duration(retry_after)}"
+            message += f", or retry in {wait_text(retry_after)}"
         return PlanRateLimitError(
             message, host=host, status_code=code, server_message=sentence, retry_after=retry_after
         )
@@ -495,17 +500,6 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     except ValueError:
         return None
     return seconds if seconds is not None and seconds >= 0 else None
-
-
-def _duration(seconds: float) -> str:
-    """``45 seconds``, ``12 minutes``, ``3 hours``: rounded up, for a retry hint."""
-    if seconds < 120:
-        n, unit = math.ceil(seconds), "second"
-    elif seconds < 2 * 3600:
-        n, unit = math.ceil(seconds / 60), "minute"
-    else:
-        n, unit = math.ceil(seconds / 3600), "hour"
-    return f"{n} {unit}{'s' if n != 1 else ''}"
 
 
 def _parse_answer(response: requests.Response, *, host: str, share: bool) -> PlanResponse:

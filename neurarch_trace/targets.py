@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from neurarch_trace.errors import TargetError
+from neurarch_trace.text import error_line
 
 __all__ = ["LoadedTarget", "load_target", "resolve_attribute", "HF_DEFAULT_INPUT"]
 
@@ -33,11 +34,6 @@ class LoadedTarget:
     model: nn.Module
     name: str
     kind: str  # "file", "module" or "hf"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = (str(exc).strip().splitlines() or [""])[0].strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def load_target(target: str, *, device: str = "cpu", weights: bool = False, hf_class: str = "AutoModel",
@@ -125,7 +121,7 @@ def _import_file(path: str) -> Any:
         sys.modules.pop(mod_name, None)
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise TargetError(f"importing {path} failed: {_one_line(exc)}") from exc
+        raise TargetError(f"importing {path} failed: {error_line(exc)}") from exc
     return module
 
 
@@ -140,11 +136,11 @@ def _import_module(name: str) -> Any:
             raise TargetError(
                 f"cannot import module {name!r}: no module named {exc.name!r} (run from the folder that holds it, or give a file path)"
             ) from exc
-        raise TargetError(f"importing {name} failed: {_one_line(exc)}") from exc
+        raise TargetError(f"importing {name} failed: {error_line(exc)}") from exc
     except BaseException as exc:  # noqa: BLE001
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise TargetError(f"importing {name} failed: {_one_line(exc)}") from exc
+        raise TargetError(f"importing {name} failed: {error_line(exc)}") from exc
 
 
 def resolve_attribute(module: Any, attr: str, *, where: str) -> nn.Module:
@@ -184,12 +180,12 @@ def as_module(obj: Any, *, label: str) -> nn.Module:
         built = obj()
     except TypeError as exc:
         raise TargetError(
-            f"calling {what} failed: {_one_line(exc)} (the target is called with no arguments; point at a factory that takes none)"
+            f"calling {what} failed: {error_line(exc)} (the target is called with no arguments; point at a factory that takes none)"
         ) from exc
     except BaseException as exc:  # noqa: BLE001
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise TargetError(f"calling {what} failed: {_one_line(exc)}") from exc
+        raise TargetError(f"calling {what} failed: {error_line(exc)}") from exc
     if not isinstance(built, nn.Module):
         raise TargetError(f"{what} returned a {type(built).__name__}, not a torch.nn.Module")
     return built
@@ -250,14 +246,14 @@ def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoMod
         config = transformers.AutoConfig.from_pretrained(ident)
     except OSError as exc:
         if local:
-            raise TargetError(f"hf:{ident}: cannot read {os.path.join(ident, 'config.json')}: {_one_line(exc)}") from exc
+            raise TargetError(f"hf:{ident}: cannot read {os.path.join(ident, 'config.json')}: {error_line(exc)}") from exc
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
         why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else "it is neither a local folder nor a repo the hub or the local cache has"
         raise TargetError(
             f"cannot find Hugging Face model {ident!r}: {why}; download it first or pass a local folder (hf:./path)"
         ) from exc
     except ValueError as exc:
-        raise TargetError(f"hf:{ident}: transformers cannot read its config: {_one_line(exc)}") from exc
+        raise TargetError(f"hf:{ident}: transformers cannot read its config: {error_line(exc)}") from exc
     try:
         if weights:
             model = builder.from_pretrained(ident, config=config)
@@ -267,8 +263,8 @@ def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoMod
             with _device(device):
                 model = builder.from_config(config)
     except OSError as exc:
-        raise TargetError(f"cannot load the weights of Hugging Face model {ident!r}: {_one_line(exc)}") from exc
+        raise TargetError(f"cannot load the weights of Hugging Face model {ident!r}: {error_line(exc)}") from exc
     except (ValueError, KeyError, ImportError) as exc:
-        raise TargetError(f"transformers cannot build hf:{ident}: {_one_line(exc)}") from exc
+        raise TargetError(f"transformers cannot build hf:{ident}: {error_line(exc)}") from exc
     name = os.path.basename(os.path.normpath(ident)) if local else ident.rstrip("/").split("/")[-1]
     return LoadedTarget(model=model, name=name, kind="hf")

@@ -43,13 +43,13 @@ def shape_text(shape: Any) -> str:
 
 
 def _count(value: Any) -> str:
-    from neurarch_trace.planner.units import count
+    from neurarch_trace.text import count
 
     return count(value) if isinstance(value, (int, float)) else "?"
 
 
 def _flops(value: Any) -> str:
-    from neurarch_trace.planner.units import flops
+    from neurarch_trace.text import flops
 
     return flops(value) if isinstance(value, (int, float)) else "? FLOPs"
 

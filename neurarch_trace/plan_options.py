@@ -1,0 +1,222 @@
+"""What a front end asks of the plan service, defined once: the plan options and the consent notice.
+
+Every front end builds its plan options from :data:`PLAN_OPTIONS`: the command line hands each
+:class:`Option` to ``argparse`` (``parser.add_argument(*option.flags, **option.kwargs)``), the
+notebook magic to IPython's ``magic_arguments.argument`` (which takes the same arguments), through
+:func:`add_options`. :class:`PlanChoices` reads the parsed values back and checks them before
+anything is traced or sent; :func:`consent_notice` is the sentence shown before anything leaves the
+machine. This module imports no torch and no IPython.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+from neurarch_trace.contract import layer_count, read_graph
+from neurarch_trace.errors import NeurarchError
+from neurarch_trace.plan_client import ATTENTION_KINDS, check_api
+from neurarch_trace.text import plural
+
+__all__ = [
+    "ATTENTION",
+    "BASE",
+    "FAIL_ON_BLOCK",
+    "NOTEBOOK_PLAN_OPTIONS",
+    "PLAN",
+    "PLAN_OPTIONS",
+    "SEQ_LEN",
+    "SHARE",
+    "Option",
+    "PlanChoices",
+    "add_options",
+    "button_label",
+    "consent_notice",
+    "what_is_sent",
+]
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option: its ``flags`` and the keyword arguments of ``add_argument``."""
+
+    flags: Tuple[str, ...]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def dest(self) -> str:
+        """The attribute the parsed value lands on (``--fail-on-block`` -> ``fail_on_block``)."""
+        return self.kwargs.get("dest") or self.flags[-1].lstrip("-").replace("-", "_")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+    return value
+
+
+PLAN = Option(("--plan",), {
+    "action": "store_true",
+    "help": "send the graph (shapes and hyperparameters, never weights or code) to the plan service "
+            "(NEURARCH_API, default www.neurarch.com) and show the card it returns; nothing is sent "
+            "without --plan or --share",
+})
+SHARE = Option(("--share",), {
+    "action": "store_true",
+    "help": "implies --plan; also store the graph and card at a public, unguessable URL (anyone with "
+            "the link can open it; never weights or source) and show 'Share: <url>' last",
+})
+BASE = Option(("--base",), {
+    "metavar": "FILE",
+    "default": None,
+    "help": "a second .neurarch.json graph, the design being changed from; the card adds a diff",
+})
+FAIL_ON_BLOCK = Option(("--fail-on-block",), {
+    "action": "store_true",
+    "help": "exit 2 when the plan reports a blocker (the graph would not run)",
+})
+SEQ_LEN = Option(("--seq-len",), {
+    "type": _positive_int,
+    "default": None,
+    "metavar": "N",
+    "help": "tokens per sample to size a token model for (default: the traced length)",
+})
+ATTENTION = Option(("--attention",), {
+    "choices": ATTENTION_KINDS,
+    "default": None,
+    "help": "the attention kernel training will use (default sdpa); only eager keeps the attention "
+            "score matrices in memory",
+})
+
+#: Every plan option, in the order the help lists them.
+PLAN_OPTIONS: Tuple[Option, ...] = (PLAN, SHARE, BASE, FAIL_ON_BLOCK, SEQ_LEN, ATTENTION)
+#: The plan options the notebook magic takes today (the whole set is issue 17's).
+NOTEBOOK_PLAN_OPTIONS: Tuple[Option, ...] = (PLAN, SHARE, BASE)
+
+
+def add_options(add: Callable[..., Any], options: Sequence[Option] = PLAN_OPTIONS) -> list:
+    """``add(*option.flags, **option.kwargs)`` for each option, in order; returns the results.
+
+    ``add`` is ``parser.add_argument`` (or an argument group's) for argparse, or
+    ``IPython.core.magic_arguments.argument`` for a magic (its results are decorators).
+    """
+    return [add(*option.flags, **dict(option.kwargs)) for option in options]
+
+
+@dataclass(frozen=True)
+class PlanChoices:
+    """The plan options as parsed: read with :meth:`from_args` from an argparse namespace (any
+    option the front end does not take reads as its default)."""
+
+    plan: bool = False
+    share: bool = False
+    base: Optional[str] = None
+    fail_on_block: bool = False
+    seq_len: Optional[int] = None
+    attention: Optional[str] = None
+
+    @classmethod
+    def from_args(cls, args: Any) -> PlanChoices:
+        return cls(
+            plan=bool(getattr(args, "plan", False)),
+            share=bool(getattr(args, "share", False)),
+            base=getattr(args, "base", None),
+            fail_on_block=bool(getattr(args, "fail_on_block", False)),
+            seq_len=getattr(args, "seq_len", None),
+            attention=getattr(args, "attention", None),
+        )
+
+    @property
+    def sends(self) -> bool:
+        """True when the user asked for anything to be sent (``--plan`` or ``--share``)."""
+        return self.plan or self.share
+
+    @property
+    def flag(self) -> str:
+        """The flag that asked for the plan, for messages: ``--share`` or ``--plan``."""
+        return "--share" if self.share else "--plan"
+
+    def check_flags(self) -> None:
+        """Refuse the options that act on a plan when none is asked for.
+
+        Raises:
+            NeurarchError: ``--base``, ``--seq-len``, ``--attention`` or ``--fail-on-block``
+                without ``--plan``/``--share``.
+        """
+        if self.sends:
+            return
+        if self.base is not None:
+            raise NeurarchError("--base needs --plan or --share: it is what the plan's diff compares to")
+        for flag, value in (("--seq-len", self.seq_len), ("--attention", self.attention)):
+            if value is not None:
+                raise NeurarchError(f"{flag} needs --plan or --share: it sizes the plan")
+        if self.fail_on_block:
+            raise NeurarchError("--fail-on-block needs --plan or --share: it reads the plan's verdict")
+
+    def prepare(self) -> Optional[dict]:
+        """Before any tracing: check the service address and load the ``--base`` graph.
+
+        Returns the base graph, or None. Raises :class:`~neurarch_trace.plan_client.PlanError`
+        for a ``NEURARCH_API`` that is not an http(s) URL, and :class:`~neurarch_trace.errors.GraphError`
+        (``--base: ...``) for a base file that is missing, not JSON or not a graph.
+        """
+        if not self.sends:
+            return None
+        check_api()
+        if self.base is None:
+            return None
+        try:
+            return read_graph(os.path.expanduser(self.base))
+        except NeurarchError as err:
+            raise type(err)(f"--base: {err}") from err
+
+    def request_options(self) -> Dict[str, Any]:
+        """The keyword arguments of :func:`~neurarch_trace.plan_client.request_plan` they set."""
+        return {"share": self.share, "seq_len": self.seq_len, "attention": self.attention}
+
+
+# --- consent ----------------------------------------------------------------------------------
+
+
+def what_is_sent(graph: Mapping[str, Any], base: Optional[Mapping[str, Any]] = None, *, detail: str = "") -> str:
+    """``the graph (68 layers)`` (``detail`` after the count: ``; no weights``), and ``the base
+    graph (N layers)`` when there is one."""
+    what = f"the graph ({plural(layer_count(graph), 'layer')}{detail})"
+    if base is not None:
+        what += f" and the base graph ({plural(layer_count(base), 'layer')})"
+    return what
+
+
+def consent_notice(graph: Mapping[str, Any], base: Optional[Mapping[str, Any]], *, share: bool, host: str,
+                   notebook: bool = False) -> str:
+    """The sentence shown before anything is sent: what, to which host, and what ``share`` means.
+
+    The command line's: ``Sending the graph (62 layers) to HOST for the plan; add --share for a
+    public link.``; the notebook's (``notebook=True``) also says what a graph holds and that
+    nothing is stored without ``--share``.
+    """
+    detail = "; shapes and hyperparameters, no weights" if notebook else ""
+    if share:
+        purpose = "for the plan and a public share link (anyone with the link can open it)"
+    elif notebook:
+        purpose = "for the plan; nothing is stored (add --share for a public link)"
+    else:
+        purpose = "for the plan; add --share for a public link"
+    return f"Sending {what_is_sent(graph, base, detail=detail)} to {host} {purpose}."
+
+
+def button_label(graph: Mapping[str, Any], *, has_base: bool, host: str, share: bool, planned: bool) -> str:
+    """The notebook's plan button, short enough for one button: ``Get the plan: send the graph
+    (68 layers, no weights) to HOST``; ``planned``: a card is shown and only the link is missing."""
+    n = plural(layer_count(graph), "layer")
+    what = f"the graphs ({n} and the base, no weights)" if has_base else f"the graph ({n}, no weights)"
+    if planned:
+        return f"Get a public share link: send {what} to {host}"
+    if share:
+        return f"Get the plan and a public link: send {what} to {host}"
+    return f"Get the plan: send {what} to {host}"
