@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from neurarch_trace import plan_cli
+import neurarch_trace.plan_cli as plan_cli
 from neurarch_trace._version import __version__
 from neurarch_trace.console import PROG, Parser, say
 from neurarch_trace.contract import check_output_path, default_graph_path, dumps_graph, layer_count, write_error, write_graph

@@ -25,7 +25,7 @@ import traceback
 from typing import Any, Optional
 
 from neurarch_trace.errors import NeurarchError
-from neurarch_trace.graph import graph_summary
+from neurarch_trace.contract import graph_summary
 
 __all__ = ["NeurarchResult", "layer_rows", "shape_text", "widget_frontend"]
 

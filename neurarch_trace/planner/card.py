@@ -11,7 +11,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any, List, Mapping, Optional
 
-from neurarch_trace import text as units
+import neurarch_trace.text as units
 from neurarch_trace.text import plural, printable
 
 __all__ = ["INNER", "LABEL", "WIDTH", "render"]
