@@ -1,0 +1,204 @@
+"""The ``.neurarch.json`` contract package: one validator for the writer and the plan's verifier,
+one set of limits, one topological order, the vocabulary the tracer's mapping is held to."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from neurarch_trace import check_graph, read_graph, validate_graph, write_graph
+from neurarch_trace.contract import (
+    TYPES,
+    VOCABULARY,
+    ZERO_COST_TYPES,
+    Graph,
+    check_type,
+    contract_problems,
+    default_graph_path,
+    index_graph,
+    layout,
+    levels,
+    topological_order,
+)
+from neurarch_trace.errors import GraphError, NeurarchError
+from neurarch_trace.planner import make_plan
+
+
+def node(id_: str, type_: str, **extra: Any) -> Dict[str, Any]:
+    return {"id": id_, "name": id_, "type": type_, "params": {}, **extra}
+
+
+def doc(comps: List[dict], edges: List[tuple]) -> Dict[str, Any]:
+    conns = [{"id": f"e{i}", "from": a, "to": b, "fromPort": "bottom", "toPort": "top"} for i, (a, b) in enumerate(edges)]
+    return {"id": "g", "name": "g", "description": "", "components": comps, "connections": conns}
+
+
+def broken() -> Dict[str, Any]:
+    """in -> a -> (ghost); b <-> c; an unnamed component with a null params and a null shape."""
+    comps = [node("in", "input", outputShape=[3]), node("a", "relu", inputShape=[3]), node("b", "relu"),
+             node("c", "relu"), {"id": "d", "type": "relu", "params": None, "outputShape": None}]
+    return doc(comps, [("in", "a"), ("a", "ghost"), ("b", "c"), ("c", "b"), ("c", "d")])
+
+
+def test_one_validator_two_wordings() -> None:
+    problems = contract_problems(index_graph(broken()))
+    assert [p.code for p in problems] == [
+        "dangling-connection", "no-output", "sink-not-output", "sink-not-output", "cycle"]
+    # the plan's blockers name layers by name ...
+    assert [p.message for p in problems] == [
+        "connection e1 points to missing layer 'ghost' (from 'a')",
+        "the graph has no output node",
+        "'a' has no outgoing connection but is not an output (dead branch)",
+        "'d' has no outgoing connection but is not an output (dead branch)",
+        "cycle through 'b' -> 'c' -> 'b'",
+    ]
+    # ... the writer's errors name components by id; strict adds the format's letter
+    assert validate_graph(broken()) == [
+        "connection 'e1' from 'a' to 'ghost' has an end that does not exist",
+        "the graph has no output node",
+        "component 'a' (relu) has no outgoing connection but is not an output",
+        "component 'd' (relu) has no outgoing connection but is not an output",
+        "the connections form a cycle through b, c",
+        "component 'd' has no string 'name'",
+        "component 'd' has no 'params' object",
+        "component 'd' has outputShape None, not a flat list of positive integers",
+    ]
+    with pytest.raises(GraphError) as info:
+        check_graph(broken())
+    assert str(info.value) == ("the graph is not a valid .neurarch.json graph: connection 'e1' from 'a' to 'ghost' "
+                               "has an end that does not exist (and 7 more)")
+
+
+def test_the_verifier_reports_what_the_validator_finds() -> None:
+    blockers = make_plan(broken())["plan"]["run"]["details"]
+    lenient = contract_problems(index_graph(broken()))
+    assert [(b["code"], b["layer"], b["message"]) for b in blockers[: len(lenient)]] == [
+        (p.code, p.layer, p.message) for p in lenient]
+
+
+def test_one_set_of_limits_for_writer_and_verifier() -> None:
+    comps = [node("in", "input", outputShape=[4]), node("L", "relu", inputShape=[4], outputShape=[1] * 65),
+             node("out", "output", inputShape=[4])]
+    wide = doc(comps, [("in", "L"), ("L", "out")])
+    assert validate_graph(wide) == ["component 'L' has outputShape that has more than 64 dimensions"]
+    assert make_plan(wide)["plan"]["run"]["blockers"] == ["'L': outputShape has more than 64 dimensions"]
+
+
+def test_not_a_graph_is_refused_by_reader_and_indexer(tmp_path: Path) -> None:
+    path = tmp_path / "g.neurarch.json"
+    path.write_text('{"components": [{"name": "x"}], "connections": []}')
+    with pytest.raises(GraphError, match=r"^graph file .* is not a \.neurarch\.json graph: component #0 has no string 'id'$"):
+        read_graph(path)
+    with pytest.raises(GraphError, match="^base is not a graph: component 0 has no string 'id'$"):
+        index_graph(json.loads(path.read_text()), what="base")
+    assert isinstance(Graph.from_doc(doc([node("in", "input")], [])), Graph)
+
+
+def test_write_then_read_strict_round_trip(tmp_path: Path) -> None:
+    clean = doc([node("in", "input", outputShape=[2]), node("r", "relu", inputShape=[2], outputShape=[2]),
+                 node("out", "output", inputShape=[2])], [("in", "r"), ("r", "out")])
+    path = write_graph(clean, tmp_path / "c.neurarch.json")
+    assert read_graph(path, strict=True) == clean
+    assert validate_graph(clean) == []
+
+
+def _respects(order: tuple, edges: List[tuple]) -> bool:
+    position = {n: i for i, n in enumerate(order)}
+    return all(position[a] < position[b] for a, b in edges)
+
+
+def test_topological_order_and_what_a_cycle_blocks() -> None:
+    rng = random.Random(0)
+    nodes = list(range(200))
+    edges = [(a, b) for a in nodes for b in nodes if a < b and rng.random() < 0.03]
+    rng.shuffle(nodes)
+    preds: Dict[int, List[int]] = {n: [] for n in nodes}
+    for a, b in edges:
+        preds[b].append(a)
+    result = topological_order(nodes, preds)
+    assert result.stuck == frozenset() and sorted(result.order) == sorted(nodes)
+    assert _respects(result.order, edges)
+    # a back edge 150 -> 10 puts 10..150 on a cycle and everything downstream behind it
+    preds[10].append(150)
+    blocked = topological_order(nodes, preds)
+    reach = {10}
+    for a, b in sorted(edges):
+        if a in reach:
+            reach.add(b)
+    assert blocked.stuck == frozenset(reach | {10})
+    assert _respects(blocked.order, [(a, b) for a, b in edges if b not in blocked.stuck])
+
+
+def test_levels_are_longest_paths_and_layout_rows() -> None:
+    edges = [("a", "b"), ("b", "c"), ("a", "c"), ("c", "d"), ("a", "e")]
+    assert levels("abcde", edges) == {"a": 0, "b": 1, "c": 2, "d": 3, "e": 1}
+    assert layout(list("abcde"), edges) == {
+        "a": {"x": 0, "y": 0}, "b": {"x": 0, "y": 100}, "c": {"x": 0, "y": 200},
+        "d": {"x": 0, "y": 300}, "e": {"x": 240, "y": 100}}
+
+
+def test_vocabulary() -> None:
+    assert TYPES["linear"] == ("inFeatures", "outFeatures", "bias")
+    assert TYPES["groupedQueryAttention"] == ("embedDim", "numHeads", "numKVHeads")
+    assert {"add", "concatenate", "stack", "input", "output", "rope"} <= ZERO_COST_TYPES <= VOCABULARY
+    assert check_type("lmHead") == "lmHead"
+    with pytest.raises(ValueError, match="'Linear' is not a type"):
+        check_type("Linear")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # quantized modules warn that quantization is deprecated
+def test_every_type_the_mapping_can_emit_is_in_the_vocabulary() -> None:
+    pytest.importorskip("torch")
+    from neurarch_trace import mapping
+
+    for cls, spec in mapping._TORCH_TABLE.items():  # every torch.nn class the table knows, built small
+        kind, _ = spec(cls(*_args_for(cls)))
+        assert kind in VOCABULARY, (cls, kind)
+
+
+def _args_for(cls: type) -> tuple:
+    import torch.nn as nn
+
+    name = cls.__name__
+    if "Conv" in name:
+        return (4, 4, 3)
+    if name in ("Linear",):
+        return (4, 4)
+    if "Pool" in name and "Adaptive" in name:
+        return (1,)
+    if "Pool" in name:
+        return (2,)
+    if "Embedding" in name:
+        return (10, 4)
+    if name in ("LSTM", "GRU", "RNN"):
+        return (4, 4)
+    if name == "MultiheadAttention":
+        return (4, 2)
+    if "BatchNorm" in name or "InstanceNorm" in name:
+        return (4,)
+    if name == "GroupNorm":
+        return (2, 4)
+    if name in ("LayerNorm", "RMSNorm"):
+        return (4,)
+    assert issubclass(cls, nn.Module)
+    return ()
+
+
+def test_default_graph_path() -> None:
+    assert default_graph_path("ResNet18") == "ResNet18.neurarch.json"
+    assert default_graph_path("a/b c") == "a_b_c.neurarch.json"
+    assert default_graph_path("...") == "model.neurarch.json"
+
+
+def test_output_path_checks(tmp_path: Path) -> None:
+    from neurarch_trace.contract import check_output_path
+
+    assert check_output_path(str(tmp_path / "g.neurarch.json")) == str(tmp_path / "g.neurarch.json")
+    with pytest.raises(NeurarchError, match="folder .* does not exist$"):
+        check_output_path(str(tmp_path / "nowhere" / "g.neurarch.json"))
+    with pytest.raises(NeurarchError, match="it is a folder; give a file name ending in .neurarch.json$"):
+        check_output_path(str(tmp_path))
