@@ -113,6 +113,17 @@ def refused_port() -> Iterator[int]:
         sock.close()
 
 
+#: Test files that are slow as a whole (a real browser, notebooks run in a kernel, scale tests):
+#: marked here rather than in each file.
+SLOW_FILES = {"test_browser.py", "test_notebooks.py", "test_scale.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _no_ambient_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """The developer's own NEURARCH_API / NEURARCH_API_KEY must not leak into these tests."""

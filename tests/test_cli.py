@@ -29,6 +29,7 @@ def run_subprocess(args: list[str], cwd: Path, env: dict | None = None) -> subpr
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=full_env, timeout=300)
 
 
+@pytest.mark.slow
 def test_readme_first_command(tmp_path):
     # the console script, as README's first command runs it
     proc = run_subprocess(["neurarch-trace", RESNET + ":ResNet18", "--input", "1,3,224,224"], tmp_path)
@@ -44,6 +45,7 @@ def test_readme_first_command(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_python_dash_m_and_stdout(tmp_path):
     proc = run_subprocess([sys.executable, "-m", "neurarch_trace", GPT + ":TinyGPT", "--input", "1,32:long", "-o", "-"], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -227,6 +229,7 @@ def test_verbose_prints_traceback(tmp_path, capfd):
     assert err.rstrip().splitlines()[-1] == "neurarch-trace: calling raises() failed: ValueError: missing config"
 
 
+@pytest.mark.slow
 def test_hf_without_transformers(tmp_path):
     # a transformers package that cannot be imported stands in for a machine without it
     fake = tmp_path / "shadow" / "transformers"
@@ -240,6 +243,7 @@ def test_hf_without_transformers(tmp_path):
     assert proc.stderr == "neurarch-trace: hf: targets need the transformers package: pip install 'neurarch-trace[hf]'\n"
 
 
+@pytest.mark.slow
 def test_hf_id_not_found_offline(tmp_path):
     # huggingface_hub reads HF_HUB_OFFLINE when it is imported: a fresh interpreter, as a user runs it
     proc = run_subprocess(["neurarch-trace", "hf:no-such-org/no-such-model"], tmp_path,

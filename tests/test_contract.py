@@ -202,3 +202,14 @@ def test_output_path_checks(tmp_path: Path) -> None:
         check_output_path(str(tmp_path / "nowhere" / "g.neurarch.json"))
     with pytest.raises(NeurarchError, match="it is a folder; give a file name ending in .neurarch.json$"):
         check_output_path(str(tmp_path))
+
+
+def test_the_public_graph_module_is_the_contract() -> None:
+    import neurarch_trace
+    import neurarch_trace.contract as contract
+    import neurarch_trace.graph as graph
+
+    for name in graph.__all__:
+        assert getattr(graph, name) is getattr(contract, name), name
+    for name in ("read_graph", "write_graph", "validate_graph", "check_graph"):
+        assert getattr(neurarch_trace, name) is getattr(contract, name), name

@@ -173,6 +173,7 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Scripted]:
 # ---------------------------------------------------------------------------- the extension
 
 
+@pytest.mark.slow
 def test_core_does_not_import_ipython() -> None:
     code = (
         "import sys, neurarch_trace, neurarch_trace.tracer, neurarch_trace.api, neurarch_trace.plan_client, "

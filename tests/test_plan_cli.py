@@ -382,6 +382,7 @@ def tiny_model(tmp_path: Path) -> str:
     return "tiny.py:Tiny"
 
 
+@pytest.mark.slow
 def test_without_plan_flags_no_connection_is_attempted(
     listening_socket: socket.socket, tmp_path: Path, tiny_model: str
 ) -> None:
@@ -394,6 +395,7 @@ def test_without_plan_flags_no_connection_is_attempted(
     assert accepted_connections(listening_socket) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--plan", "--share"])
 def test_stdout_output_cannot_be_combined_with_plan(
     listening_socket: socket.socket, tmp_path: Path, tiny_model: str, flag: str
@@ -407,6 +409,7 @@ def test_stdout_output_cannot_be_combined_with_plan(
     assert accepted_connections(listening_socket) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -427,6 +430,7 @@ def test_plan_only_flags_without_plan_are_refused_before_tracing(
 # ---------------------------------------------------------------------- trace, then plan
 
 
+@pytest.mark.slow
 def test_trace_then_plan_sends_the_source_block(canned: CannedServer, tmp_path: Path, tiny_model: str) -> None:
     canned.answer(200, {"text": CARD, "plan": {"run": {"legal": True, "blockers": []}}})
     done = run_cli([tiny_model, "--input", "1,4", "--plan", "--fail-on-block"], tmp_path, api=canned.url)
@@ -444,6 +448,7 @@ def test_trace_then_plan_sends_the_source_block(canned: CannedServer, tmp_path: 
     assert any(line.startswith("wrote Tiny.neurarch.json") for line in lines[:-1])
 
 
+@pytest.mark.slow
 def test_trace_then_a_failed_plan_leaves_the_graph_on_disk(refused_port: int, tmp_path: Path, tiny_model: str) -> None:
     done = run_cli([tiny_model, "--input", "1,4", "--share", "-o", "out.neurarch.json"], tmp_path,
                    api=f"http://127.0.0.1:{refused_port}")
@@ -460,6 +465,7 @@ def test_trace_then_a_failed_plan_leaves_the_graph_on_disk(refused_port: int, tm
 
 
 @needs_resnet
+@pytest.mark.slow
 def test_resnet_trace_plan_share_against_the_reference(plan_server: str, tmp_path: Path) -> None:
     target = f"{RESNET}:ResNet18"
     done = run_cli([target, "--input", "1,3,224,224", "--plan", "--share"], tmp_path, api=plan_server)
@@ -511,6 +517,7 @@ def test_seq_len_and_attention_reach_the_service(canned: CannedServer, tmp_path:
     assert proc.stderr.count("\n") == 1 and "0 is not a positive number of tokens" in proc.stderr
 
 
+@pytest.mark.slow
 def test_seq_len_without_plan_is_refused_before_tracing(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "neurarch_trace", f"{RESNET}:ResNet18", "--input", "1,3,32,32", "--seq-len", "64"],
