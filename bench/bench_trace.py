@@ -86,17 +86,17 @@ def bench_forward_vs_trace(repeats: int) -> list[dict]:
     for label, model, args, kwargs in models():
         model.eval()
 
-        def bare() -> None:
+        def bare(model=model, args=args, kwargs=kwargs) -> None:
             with torch.enable_grad():
                 model(*args, **kwargs)
 
-        def traced() -> None:
+        def traced(model=model, args=args, kwargs=kwargs) -> None:
             trace_model(model, args, kwargs=kwargs)
 
         forward, trace = paired_medians(bare, traced, repeats)
         rows.append({"model": label, "forward_s": forward, "trace_s": trace, "ratio": trace / forward})
-        print(f"{label:34s} forward {forward * 1e3:8.1f} ms  trace {trace * 1e3:8.1f} ms  ratio {trace / forward:5.2f}x",
-              flush=True)
+        print(f"{label:34s} forward {forward * 1e3:8.1f} ms  trace {trace * 1e3:8.1f} ms  "
+              f"ratio {trace / forward:5.2f}x", flush=True)
     return rows
 
 
@@ -152,7 +152,7 @@ def bench_scaling_and_io(repeats: int) -> dict:
     per_layer = {}
     for n in (1000, 4000):
         model = deep(n)
-        per_layer[n] = median_time(lambda: trace_model(model, x), max(1, repeats // 2)) / n
+        per_layer[n] = median_time(lambda model=model: trace_model(model, x), max(1, repeats // 2)) / n
     graph = trace_model(deep(9998), x)
     assert len(graph["components"]) == 10_000
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,7 +181,8 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     torch.manual_seed(0)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}"
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+               f"Python {platform.python_version()}")
     print(f"machine: {machine}; torch threads {torch.get_num_threads()}")
     results = {
         "machine": machine,

@@ -49,7 +49,8 @@ def example_models(include_hf: bool):
 
     def images(size: int, classes: int):
         def make(batch: int, device: str):
-            return (torch.randn(batch, 3, size, size, device=device),), torch.randint(0, classes, (batch,), device=device)
+            images = torch.randn(batch, 3, size, size, device=device)
+            return (images,), torch.randint(0, classes, (batch,), device=device)
         return make
 
     def tokens(length: int, vocab: int):
@@ -160,8 +161,9 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"gpu": args.gpu, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                                              "torch": torch.__version__, "rows": rows}, indent=2) + "\n")
+        device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+        Path(args.out).write_text(json.dumps({"gpu": args.gpu, "device": device, "torch": torch.__version__,
+                                              "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def resnet50_graph() -> Dict[str, Any]:
 
 def llama7b_graph(seq: int = 2048) -> Dict[str, Any]:
     """LLaMA-7B at ``seq`` tokens, batch 1, with the tracer's measured fields."""
-    width, heads, inner, vocab, layers = 4096, 32, 11008, 32000, 32
+    width, inner, vocab, layers = 4096, 11008, 32000, 32  # 32 heads: the attention is functional
     g = _Builder("LlamaForCausalLM-7B")
     hidden = [seq, width]
     fp32 = 4

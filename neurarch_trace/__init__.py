@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from neurarch_trace._version import __version__
-from neurarch_trace.errors import GraphError, InputSpecError, NeurarchError, TargetError, TraceError
 from neurarch_trace.contract import check_graph, read_graph, validate_graph, write_graph
+from neurarch_trace.errors import GraphError, InputSpecError, NeurarchError, TargetError, TraceError
 
 __all__ = [
     "__version__",

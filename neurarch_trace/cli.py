@@ -23,7 +23,14 @@ from typing import Callable, Sequence
 import neurarch_trace.plan_cli as plan_cli
 from neurarch_trace._version import __version__
 from neurarch_trace.console import PROG, Parser, say
-from neurarch_trace.contract import check_output_path, default_graph_path, dumps_graph, layer_count, write_error, write_graph
+from neurarch_trace.contract import (
+    check_output_path,
+    default_graph_path,
+    dumps_graph,
+    layer_count,
+    write_error,
+    write_graph,
+)
 from neurarch_trace.errors import NeurarchError
 
 __all__ = ["build_parser", "build_plan_parser", "main"]
@@ -50,12 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="one per forward argument, batch first, e.g. 1,3,224,224 or 1,16:long or attention_mask=1,16:long "
              "(NAME= passes it as a keyword argument); hf: targets default to 1,16",
     )
-    parser.add_argument("--dtype", default=None, help="dtype of inputs without a suffix (default float32; long for hf:)")
+    parser.add_argument("--dtype", default=None,
+                        help="dtype of inputs without a suffix (default float32; long for hf:)")
     parser.add_argument("-o", "--output", default=None, metavar="PATH",
                         help="where to write the graph (default ./<name>.neurarch.json); '-' writes to stdout")
-    parser.add_argument("--name", default=None, help="the graph's name (default: the attribute, or the repo name for hf:)")
+    parser.add_argument("--name", default=None,
+                        help="the graph's name (default: the attribute, or the repo name for hf:)")
     parser.add_argument("--depth", type=int, default=None, metavar="N",
-                        help="stop descending at depth N (1 = the model's children); a container cut off there is one node")
+                        help="stop descending at depth N (1 = the model's children); a container cut off there "
+                             "is one node")
     parser.add_argument("--device", choices=("cpu", "meta"), default=None,
                         help="trace on the CPU (default) or on PyTorch's meta device: shapes, parameters and FLOPs "
                              "without allocating weights or activations (default for hf: targets)")

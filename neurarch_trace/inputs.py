@@ -82,7 +82,8 @@ def parse_input(text: str) -> InputSpec:
         name = name.strip()
         if not _NAME.match(name):
             raise InputSpecError(
-                f"--input {text!r}: {name!r} is not a keyword argument name; write NAME=DIMS[:dtype], e.g. attention_mask=1,16:long"
+                f"--input {text!r}: {name!r} is not a keyword argument name; write NAME=DIMS[:dtype], "
+                "e.g. attention_mask=1,16:long"
             )
     dtype = None
     if ":" in body:
@@ -95,7 +96,8 @@ def parse_input(text: str) -> InputSpec:
     for d in dims_text:
         if not d.isdigit() or int(d) <= 0:
             raise InputSpecError(
-                f"--input {text!r}: dimension {d!r} is not a positive integer; write the shape batch first, e.g. 1,3,224,224"
+                f"--input {text!r}: dimension {d!r} is not a positive integer; write the shape batch first, "
+                "e.g. 1,3,224,224"
             )
         dims.append(int(d))
     return InputSpec(shape=tuple(dims), dtype=dtype, name=name, text=raw)
@@ -138,7 +140,8 @@ def make_inputs(
         if str(device) == "meta":  # no values, no memory: shapes and dtypes are all a meta trace needs
             tensor = torch.empty(spec.shape, dtype=dtype, device="meta")
         else:
-            tensor = _random(spec.shape, dtype, high, generator, is_mask=bool(spec.name and "mask" in spec.name.lower()))
+            is_mask = bool(spec.name and "mask" in spec.name.lower())
+            tensor = _random(spec.shape, dtype, high, generator, is_mask=is_mask)
             tensor = tensor.to(device) if str(device) != "cpu" else tensor
         if spec.name is None:
             args.append(tensor)
@@ -147,7 +150,8 @@ def make_inputs(
     return args, kwargs
 
 
-def _random(shape: tuple[int, ...], dtype: torch.dtype, high: int, gen: torch.Generator, *, is_mask: bool) -> torch.Tensor:
+def _random(shape: tuple[int, ...], dtype: torch.dtype, high: int, gen: torch.Generator, *,
+            is_mask: bool) -> torch.Tensor:
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=gen).bool()
     if dtype.is_floating_point or dtype.is_complex:

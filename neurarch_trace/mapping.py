@@ -462,7 +462,10 @@ def _container_spec(mod: nn.Module, *, param_count: int) -> Spec:
         return kind, {k: v for k, v in p.items() if v is not None}
     if "moe" in low:
         experts = getattr(mod, "experts", None)
-        n_exp = len(experts) if isinstance(experts, (nn.ModuleList, list)) else _read_int(mod, ("num_experts", "num_local_experts"))
+        if isinstance(experts, (nn.ModuleList, list)):
+            n_exp = len(experts)
+        else:
+            n_exp = _read_int(mod, ("num_experts", "num_local_experts"))
         top_k = _read_int(mod, ("top_k", "num_experts_per_tok"))
         embed, ff = _ff_dims(experts[0]) if isinstance(experts, nn.ModuleList) and len(experts) else (None, None)
         p = {"embedDim": embed or _read_int(mod, _EMBED_ATTRS), "numExperts": n_exp, "expertDim": ff, "topK": top_k}

@@ -27,7 +27,7 @@ class Progress:
         self._min_interval = min_interval
         self._shown = False
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -134,7 +134,8 @@ def _import_module(name: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
             raise TargetError(
-                f"cannot import module {name!r}: no module named {exc.name!r} (run from the folder that holds it, or give a file path)"
+                f"cannot import module {name!r}: no module named {exc.name!r} "
+                "(run from the folder that holds it, or give a file path)"
             ) from exc
         raise TargetError(f"importing {name} failed: {error_line(exc)}") from exc
     except BaseException as exc:  # noqa: BLE001
@@ -180,7 +181,8 @@ def as_module(obj: Any, *, label: str) -> nn.Module:
         built = obj()
     except TypeError as exc:
         raise TargetError(
-            f"calling {what} failed: {error_line(exc)} (the target is called with no arguments; point at a factory that takes none)"
+            f"calling {what} failed: {error_line(exc)} "
+            "(the target is called with no arguments; point at a factory that takes none)"
         ) from exc
     except BaseException as exc:  # noqa: BLE001
         if isinstance(exc, KeyboardInterrupt):
@@ -216,7 +218,8 @@ def _looks_like_path(ident: str) -> bool:
     return ident.startswith((".", "/", "~")) or ident.count("/") > 1 or os.sep != "/" and os.sep in ident
 
 
-def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoModel", quiet: bool = True) -> LoadedTarget:
+def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoModel",
+             quiet: bool = True) -> LoadedTarget:
     if not ident:
         raise TargetError("hf: needs a repo id or a local folder, e.g. hf:bert-base-uncased or hf:./my-checkpoint")
     try:
@@ -246,9 +249,11 @@ def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoMod
         config = transformers.AutoConfig.from_pretrained(ident)
     except OSError as exc:
         if local:
-            raise TargetError(f"hf:{ident}: cannot read {os.path.join(ident, 'config.json')}: {error_line(exc)}") from exc
+            config = os.path.join(ident, "config.json")
+            raise TargetError(f"hf:{ident}: cannot read {config}: {error_line(exc)}") from exc
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else "it is neither a local folder nor a repo the hub or the local cache has"
+        why = ("HF_HUB_OFFLINE is set and it is not in the local cache" if offline
+               else "it is neither a local folder nor a repo the hub or the local cache has")
         raise TargetError(
             f"cannot find Hugging Face model {ident!r}: {why}; download it first or pass a local folder (hf:./path)"
         ) from exc

@@ -81,7 +81,7 @@ class CannedServer:
         self._thread.start()
 
     def answer(self, status: int, body: Any, content_type: str = "application/json",
-               **headers: str) -> "CannedServer":
+               **headers: str) -> CannedServer:
         """Set the canned answer; ``body`` is bytes, str, or anything JSON-serialisable."""
         self.status = status
         if isinstance(body, bytes):

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
-
 from canned_server import CannedServer
 
 #: Seconds a server may take to start before the test fails.
@@ -77,9 +76,9 @@ def plan_server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerURL]]:
         return url
 
     yield start
-    for server, thread, sock in running:
+    for server, _, _ in running:
         server.should_exit = True
-    for server, thread, sock in running:
+    for _, thread, sock in running:
         thread.join(timeout=10)
         sock.close()
 

@@ -15,6 +15,7 @@ import torch
 T = pytest.importorskip("transformers")
 
 from graph_checks import assert_clean  # noqa: E402
+
 from neurarch_trace import trace_model  # noqa: E402
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=120)
@@ -41,9 +42,11 @@ CASES = {
                                 vocab_size=120, word_embed_proj_dim=64), ids),
     "bloom": (lambda: T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=120), ids),
     "falcon": (lambda: T.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=120), ids),
-    "mixtral": (lambda: T.MixtralConfig(**SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2), ids),
+    "mixtral": (lambda: T.MixtralConfig(**SMALL, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2), ids),
     "bart": (lambda: T.BartConfig(d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-                                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=120), ids),
+                                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                  vocab_size=120), ids),
     "t5": (lambda: T.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=120,
                               decoder_start_token_id=0),
            lambda: {**ids(), "decoder_input_ids": torch.randint(3, 100, (1, 8))}),

@@ -14,9 +14,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from graph_checks import assert_clean, by_name, sources_of
 from helpers import run_cli as run
+
 from neurarch_trace.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,8 @@ def test_readme_first_command(tmp_path):
 
 @pytest.mark.slow
 def test_python_dash_m_and_stdout(tmp_path):
-    proc = run_subprocess([sys.executable, "-m", "neurarch_trace", GPT + ":TinyGPT", "--input", "1,32:long", "-o", "-"], tmp_path)
+    proc = run_subprocess([sys.executable, "-m", "neurarch_trace", GPT + ":TinyGPT", "--input", "1,32:long", "-o", "-"],
+                          tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     graph = json.loads(proc.stdout)
@@ -111,11 +112,11 @@ def test_file_target_with_sibling_import_and_dotted_attr(tmp_path, capfd):
 
 
 def test_small_vocabulary_long_input_and_keyword_inputs(tmp_path, capfd):
-    (tmp_path / "m.py").write_text(textwrap.dedent("""
+    (tmp_path / "m.py").write_text(textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, %r)
+        sys.path.insert(0, {str(ROOT / "tests")!r})
         from fixture_models import SmallVocab, KwargsModel
-    """ % str(ROOT / "tests")))
+    """))
     code, _, err = run(["m.py:SmallVocab", "--input", "2,40:long", "-o", "v.json"], tmp_path, capfd)
     assert code == 0, err
     graph = json.loads((tmp_path / "v.json").read_text())
@@ -174,7 +175,8 @@ class Net(nn.Module):
         (["nocolon"], "target 'nocolon' names no attribute: write path/to/file.py:Model"),
         (["missing.py:Net", "--input", "1,4"], "file missing.py does not exist"),
         (["bad.py:Net", "--input", "1,4"], "importing bad.py failed: RuntimeError: cannot build on this machine"),
-        (["good.py:Nope", "--input", "1,4"], "good.py has no attribute 'Nope'; it offers Net, needs_args, not_a_module, raises"),
+        (["good.py:Nope", "--input", "1,4"],
+         "good.py has no attribute 'Nope'; it offers Net, needs_args, not_a_module, raises"),
         (["good.py:raises", "--input", "1,4"], "calling raises() failed: ValueError: missing config"),
         (["good.py:not_a_module", "--input", "1,4"], "not_a_module() returned a int, not a torch.nn.Module"),
         (["good.py:needs_args", "--input", "1,4"], "calling needs_args() failed: TypeError"),
@@ -182,7 +184,8 @@ class Net(nn.Module):
         (["good.py:Net", "--input", "1,4:float99"], "unknown dtype 'float99': use one of float32, float,"),
         (["good.py:Net", "--input", "1,4", "--dtype", "floaty"], "unknown dtype 'floaty'"),
         (["good.py:Net"], "no --input given"),
-        (["good.py:Net", "--input", "1,5"], "the forward pass failed in layer 'fc' (Linear) after 0 layers with inputs x 1x5 float32: RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+        (["good.py:Net", "--input", "1,5"], "the forward pass failed in layer 'fc' (Linear) after 0 layers with inputs "
+                                            "x 1x5 float32: RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
         (["good.py:Net", "--input", "1,4:long"], "with inputs x 1x4 int64: RuntimeError"),
         (["good.py:Net", "--input", "1,4", "--bogus"], "unrecognized arguments: --bogus"),
         (["nodir/good.py:Net", "--input", "1,4"], "file nodir/good.py does not exist"),
@@ -240,7 +243,9 @@ def test_hf_without_transformers(tmp_path):
         env={"PYTHONPATH": str(tmp_path / "shadow")},
     )
     assert proc.returncode == 1
-    assert proc.stderr == "neurarch-trace: hf: targets need the transformers package: pip install 'neurarch-trace[hf]'\n"
+    assert proc.stderr == (
+        "neurarch-trace: hf: targets need the transformers package: pip install 'neurarch-trace[hf]'\n"
+    )
 
 
 @pytest.mark.slow

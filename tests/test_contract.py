@@ -33,7 +33,8 @@ def node(id_: str, type_: str, **extra: Any) -> Dict[str, Any]:
 
 
 def doc(comps: List[dict], edges: List[tuple]) -> Dict[str, Any]:
-    conns = [{"id": f"e{i}", "from": a, "to": b, "fromPort": "bottom", "toPort": "top"} for i, (a, b) in enumerate(edges)]
+    conns = [{"id": f"e{i}", "from": a, "to": b, "fromPort": "bottom", "toPort": "top"}
+             for i, (a, b) in enumerate(edges)]
     return {"id": "g", "name": "g", "description": "", "components": comps, "connections": conns}
 
 
@@ -91,7 +92,8 @@ def test_one_set_of_limits_for_writer_and_verifier() -> None:
 def test_not_a_graph_is_refused_by_reader_and_indexer(tmp_path: Path) -> None:
     path = tmp_path / "g.neurarch.json"
     path.write_text('{"components": [{"name": "x"}], "connections": []}')
-    with pytest.raises(GraphError, match=r"^graph file .* is not a \.neurarch\.json graph: component #0 has no string 'id'$"):
+    not_a_graph = r"^graph file .* is not a \.neurarch\.json graph: component #0 has no string 'id'$"
+    with pytest.raises(GraphError, match=not_a_graph):
         read_graph(path)
     with pytest.raises(GraphError, match="^base is not a graph: component 0 has no string 'id'$"):
         index_graph(json.loads(path.read_text()), what="base")

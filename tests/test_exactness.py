@@ -6,13 +6,13 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import fixture_models as fm
 import pytest
 import torch
-from torch import nn
-
-import fixture_models as fm
 from graph_checks import assert_clean, by_name, sources_of
 from helpers import load_example
+from torch import nn
+
 from neurarch_trace import trace_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -127,7 +127,8 @@ def test_button_label_is_the_widgets(share: bool, planned: bool, with_base: bool
         result.card = "+--+"
     widget = NeurarchWidget(result)
     widget.share_box.value = share
-    assert button_label(_graph(68), has_base=with_base, host="h", share=share, planned=planned) == widget.button_label("h")
+    label = button_label(_graph(68), has_base=with_base, host="h", share=share, planned=planned)
+    assert label == widget.button_label("h")
 
 
 @pytest.mark.parametrize("plan, blocked", [

@@ -17,10 +17,9 @@ import pytest
 
 pytest.importorskip("IPython")
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
-
 from IPython.core.error import UsageError  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from torch import nn  # noqa: E402
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -195,7 +194,8 @@ def test_load_registers_and_unload_removes(shell: InteractiveShell) -> None:
 
 def test_help_documents_every_option(shell: InteractiveShell) -> None:
     doc = shell.find_line_magic("neurarch").__doc__
-    for option in ("--input", "--plan", "--share", "--base", "--name", "--depth", "-o", "--no-save", "--verbose", "--dtype"):
+    options = ("--input", "--plan", "--share", "--base", "--name", "--depth", "-o", "--no-save", "--verbose", "--dtype")
+    for option in options:
         assert option in doc, option
     assert "nothing is sent without" in " ".join(doc.split())
     info = shell.object_inspect("%neurarch")
@@ -274,7 +274,8 @@ def test_tuple_spreads_dict_gives_keywords(shell: InteractiveShell) -> None:
     r = magic(shell, "TwoInputs --input batch --no-save")
     assert [(i["name"], i["shape"]) for i in r.graph["measured"]["inputs"]] == [("x", [2, 4]), ("y", [2, 6])]
     # A tokenizer's BatchEncoding is a UserDict, not a dict.
-    shell.user_ns["enc"] = UserDict({"input_ids": torch.randint(0, 50, (2, 7)), "attention_mask": torch.ones(2, 7, dtype=torch.long)})
+    shell.user_ns["enc"] = UserDict({"input_ids": torch.randint(0, 50, (2, 7)),
+                                     "attention_mask": torch.ones(2, 7, dtype=torch.long)})
     r = magic(shell, "Tokens --input enc --no-save")
     assert [i["name"] for i in r.graph["measured"]["inputs"]] == ["input_ids", "attention_mask"]
 
@@ -282,7 +283,8 @@ def test_tuple_spreads_dict_gives_keywords(shell: InteractiveShell) -> None:
 def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveShell) -> None:
     shell.user_ns["ids"] = torch.randint(0, 50, (3, 5))
     r = magic(shell, "Tokens --input ids --input attention_mask=1,5:long --no-save")
-    assert [(i["name"], i["shape"]) for i in r.graph["measured"]["inputs"]] == [("input_ids", [3, 5]), ("attention_mask", [1, 5])]
+    assert [(i["name"], i["shape"]) for i in r.graph["measured"]["inputs"]] == [
+        ("input_ids", [3, 5]), ("attention_mask", [1, 5])]
     shell.user_ns["scale"] = torch.ones(2, 3)
     r = magic(shell, "TwoInputs --input 2,4 --input 2,6 --input scale=scale --no-save")
     assert [i["name"] for i in r.graph["measured"]["inputs"]] == ["x", "y", "scale"]
@@ -309,11 +311,13 @@ def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveSh
     ("model --input 1,3,8,8 -o -", "has no meaning in a notebook"),
     ("model --input 1,3,8,8 -o a.json --no-save", "contradict"),
     ("model --input 1,3,8,8 -o nowhere/a.neurarch.json", "folder"),
-    ("model --input 1,3,8,8 --plan --base missing.neurarch.json", "--base: graph file missing.neurarch.json does not exist"),
+    ("model --input 1,3,8,8 --plan --base missing.neurarch.json",
+     "--base: graph file missing.neurarch.json does not exist"),
     ("model --input 1,3,8,8 --frobnicate", "unrecognized arguments: --frobnicate"),
     ("model --input 1,3,8,8 --depth x", "invalid int value"),
 ])
-def test_user_errors_are_one_line(shell: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str, expected: str) -> None:
+def test_user_errors_are_one_line(shell: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str,
+                                  expected: str) -> None:
     assert expected in usage_error(shell, line, capsys)
 
 
@@ -325,8 +329,10 @@ def test_namespace_values_that_are_not_inputs(shell: InteractiveShell, capsys: p
     shell.user_ns["bad"] = ("a", "b")
     assert "with no tensor in it" in usage_error(shell, "model --input bad", capsys)
     shell.user_ns["mask"] = torch.ones(1, 5, dtype=torch.long)
-    assert "follows a keyword input" in usage_error(shell, "Tokens --input attention_mask=mask --input 1,5:long", capsys)
-    assert "is given twice" in usage_error(shell, "Tokens --input 1,5:long --input attention_mask=mask --input attention_mask=1,5:long", capsys)
+    assert "follows a keyword input" in usage_error(
+        shell, "Tokens --input attention_mask=mask --input 1,5:long", capsys)
+    assert "is given twice" in usage_error(
+        shell, "Tokens --input 1,5:long --input attention_mask=mask --input attention_mask=1,5:long", capsys)
     shell.user_ns["bad"] = torch.tensor(3.0)
     assert "0-d tensor" in usage_error(shell, "model --input bad", capsys)
 
@@ -334,7 +340,8 @@ def test_namespace_values_that_are_not_inputs(shell: InteractiveShell, capsys: p
 def test_invalid_service_address_fails_before_tracing(shell: InteractiveShell, capsys: pytest.CaptureFixture[str],
                                                         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("NEURARCH_API", "ftp://example")
-    assert "NEURARCH_API 'ftp://example' is not an http(s) URL" in usage_error(shell, "model --input 1,3,8,8 --plan", capsys)
+    assert "NEURARCH_API 'ftp://example' is not an http(s) URL" in usage_error(
+        shell, "model --input 1,3,8,8 --plan", capsys)
     assert not list(tmp_path.glob("*.neurarch.json"))
 
 
@@ -351,7 +358,8 @@ def test_verbose_adds_the_traceback(shell: InteractiveShell, capsys: pytest.Capt
 
 
 def test_plan_and_share_against_the_real_service(shell: InteractiveShell, plan_server: str, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("NEURARCH_API", str(plan_server))
     capsys.readouterr()
     r = magic(shell, "model --input 1,3,8,8 --plan")
@@ -378,7 +386,8 @@ def test_plan_failure_keeps_the_graph_and_carries_the_error(shell: InteractiveSh
     r = magic(shell, "model --input 1,3,8,8 --plan")  # NEURARCH_API refuses connections
     err = capsys.readouterr().err.strip().splitlines()
     host = dead_api.split("://", 1)[1]
-    assert len(err) == 1 and err[0].startswith(f"neurarch: plan failed: could not connect to the plan service at {host}")
+    assert len(err) == 1
+    assert err[0].startswith(f"neurarch: plan failed: could not connect to the plan service at {host}")
     assert r.error.startswith("could not connect") and r.error.endswith("the graph is still at Tiny.neurarch.json")
     assert "\n" not in r.error and r.traceback is None and r.card is None
     assert (tmp_path / "Tiny.neurarch.json").exists()
@@ -401,7 +410,7 @@ def test_share_error_and_status_error(shell: InteractiveShell, scripted: Scripte
 
 def test_nothing_is_sent_without_plan_or_click(shell: InteractiveShell, scripted: Scripted) -> None:
     r = magic(shell, "model --input 1,3,8,8 --no-save")
-    r.widget  # building the view sends nothing either
+    assert r.widget is not None  # building the view sends nothing either
     str(r), r._repr_html_()
     assert scripted.requests == []
     r.request_plan()
@@ -427,7 +436,8 @@ def test_text_and_html_where_widgets_cannot_render(shell: InteractiveShell, scri
     scripted.answer["url"] = "http://127.0.0.1/p/abc?x=1&y=2"
     r = magic(shell, "model --input 1,3,8,8 --share --no-save")
     data, _ = shell.display_formatter.format(r)
-    assert data["text/plain"].startswith(CARD.rstrip("\n")) and "Share: http://127.0.0.1/p/abc?x=1&y=2" in data["text/plain"]
+    assert data["text/plain"].startswith(CARD.rstrip("\n"))
+    assert "Share: http://127.0.0.1/p/abc?x=1&y=2" in data["text/plain"]
     html = data["text/html"]
     assert '<pre class="neurarch-card"' in html and "&lt;b&gt;ok&lt;/b&gt;" in html and "<b>ok</b>" not in html
     assert 'href="http://127.0.0.1/p/abc?x=1&amp;y=2"' in html
@@ -496,7 +506,8 @@ def test_widget_shows_blockers_and_a_failure_as_one_line(shell: InteractiveShell
     assert "the graph is still at t.neurarch.json" in w.status.value and "traceback" not in w.status.value
     assert not w.button.disabled and w.button.description.startswith("Get the plan")
     scripted.status = 200
-    scripted.answer = {"text": CARD, "plan": {"run": {"legal": False, "blockers": ["shapes do not match at 'fc'"]}, "warnings": []}}
+    scripted.answer = {"text": CARD, "plan": {"run": {"legal": False, "blockers": ["shapes do not match at 'fc'"]},
+                                              "warnings": []}}
     w.click()
     assert w.wait(10)
     assert r.error is None and r.blocked is True and w.status.value == ""

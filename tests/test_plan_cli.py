@@ -19,11 +19,11 @@ from typing import Iterator, Optional
 
 import pytest
 import requests
+from canned_server import CARD, CannedServer, small_graph
 
 from neurarch_trace._version import __version__
 from neurarch_trace.plan_cli import run_plan
 from neurarch_trace.plan_client import request_plan, user_agent
-from canned_server import CARD, CannedServer, small_graph
 
 REPO = Path(__file__).resolve().parents[1]
 RESNET = REPO / "examples" / "models" / "resnet.py"

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import pytest
 import requests
+from canned_server import CARD, CannedServer, small_graph
 
 from neurarch_trace._version import __version__
 from neurarch_trace.errors import GraphError, NeurarchError
@@ -33,8 +34,6 @@ from neurarch_trace.plan_client import (
     trace_source,
     user_agent,
 )
-
-from canned_server import CARD, CannedServer, small_graph
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -283,7 +282,8 @@ def test_a_redirect_is_not_followed(canned: CannedServer) -> None:
     [
         ("<!doctype html><title>Neurarch</title>", "text/html; charset=utf-8", "with an HTML page; "
          "the address may not be a plan service"),
-        ("plain words", "text/plain", "with a body that is not JSON (text/plain); the address may not be a plan service"),
+        ("plain words", "text/plain",
+         "with a body that is not JSON (text/plain); the address may not be a plan service"),
         ({"card": CARD}, "application/json", 'without a card (no string "text" in its JSON)'),
         ({"text": 42}, "application/json", 'without a card (no string "text" in its JSON)'),
         ([CARD], "application/json", "with JSON that is not an object (list)"),

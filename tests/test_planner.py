@@ -85,7 +85,8 @@ def test_mlp_numbers_by_hand() -> None:
     assert cost["breakdown"]["lossGb"] == pytest.approx(1024 * 80 / 1e9, rel=1e-12)
     # need at the 1024 cap: (1,003,663,540 + 1024*4,772) * 1.15 = 1.16e9 <= 16e9: the cheapest card
     assert plan["fit"]["gpu"] == "T4" and plan["fit"]["batch"] == 1024 and cost["batch"] == 1024
-    assert cost["peakGb"] == pytest.approx((1_003_663_540 + 1024 * 4_772) / 1e9, rel=1e-12) == pytest.approx(1.008550068)
+    assert cost["peakGb"] == pytest.approx((1_003_663_540 + 1024 * 4_772) / 1e9, rel=1e-12) == pytest.approx(
+        1.008550068)
     assert cost["activationGb"] == pytest.approx(1024 * 4_772 / 1e9, rel=1e-12)
     assert plan["fit"]["needGb"] == pytest.approx(1.008550068 * 1.15, rel=1e-12)
     assert "at batch 1024" in cost["assumptions"]
@@ -135,7 +136,8 @@ def test_tiny_cnn_numbers_by_hand() -> None:
     assert plan["cost"]["peakGb"] == pytest.approx(1_113_425_692 / 1e9, rel=1e-12)
     # 32 px < 64: an epoch of CIFAR-10, 3 * 885,056 * 50,000 = 1.327584e11 FLOPs
     training = plan["cost"]["training"]
-    assert (training["unit"], training["per"], training["samples"]) == ("cifar-10-epoch", "per epoch of CIFAR-10", 50_000)
+    assert (training["unit"], training["per"], training["samples"]) == (
+        "cifar-10-epoch", "per epoch of CIFAR-10", 50_000)
     assert training["flops"] == pytest.approx(1.327584e11, rel=1e-12)
     # the conv carries 884,736 of 885,056 layer FLOPs: the convolutional utilisation, 20%
     assert training["mfu"] == 0.20
@@ -202,7 +204,8 @@ def test_gpu_fit_cheapest_card_that_holds_it() -> None:
     assert (fit["gpu"], fit["memoryGb"], fit["batch"], fit["precision"]) == ("L40S", 48, 1024, "bf16")
     assert fit["peakGb"] == pytest.approx(28.512, rel=1e-12)
     assert [c["batch"] for c in fit["cards"]][:3] == [0, 0, 0]
-    assert row("GPU fit", "L40S 48 GB at batch 1024 bf16 (28.5 GB peak)") in make_plan(_big_linear(50_000, 30_000))["text"].splitlines()
+    card = make_plan(_big_linear(50_000, 30_000))["text"]
+    assert row("GPU fit", "L40S 48 GB at batch 1024 bf16 (28.5 GB peak)") in card.splitlines()
     # Training cost on the L40S: 3 * 2*50,000*30,000 = 9e9 FLOPs per sample * 1e6 samples
     training = plan["cost"]["training"]
     assert training["gpu"] == "L40S"
@@ -420,7 +423,8 @@ def test_edge_shape_mismatch_is_a_blocker() -> None:
     # conv1 gives 32 channels; bn1 says (consistently with its own params) it receives 64
     doc = graph("Edge", [
         node("x", "input", {"shape": [3, 8, 8]}, out=[3, 8, 8]),
-        node("conv1", "conv2d", {"inChannels": 3, "outChannels": 32, "kernelSize": 1, "bias": False}, [3, 8, 8], [32, 8, 8]),
+        node("conv1", "conv2d", {"inChannels": 3, "outChannels": 32, "kernelSize": 1, "bias": False},
+             [3, 8, 8], [32, 8, 8]),
         node("bn1", "batchNorm", {"numFeatures": 64}, [64, 8, 8], [64, 8, 8]),
         node("y", "output", inp=[64, 8, 8]),
     ])
@@ -433,7 +437,8 @@ def test_functional_code_between_layers_raises_no_false_blocker() -> None:
     doc = graph("Functional", [
         node("x", "input", {"shape": [3, 224, 224]}, out=[3, 224, 224]),
         # ViT: conv patches [768,14,14] -> flatten/transpose/cat cls token -> [197,768]
-        node("patch", "conv2d", {"inChannels": 3, "outChannels": 768, "kernelSize": 16, "stride": 16}, [3, 224, 224], [768, 14, 14]),
+        node("patch", "conv2d", {"inChannels": 3, "outChannels": 768, "kernelSize": 16, "stride": 16},
+             [3, 224, 224], [768, 14, 14]),
         node("ln0", "layerNorm", {"normalizedShape": 768}, [197, 768], [197, 768]),
         # GPT-2: fused c_attn [L,2304] split into q,k,v; attention is functional; c_proj sees [L,768]
         node("c_attn", "linear", {"inFeatures": 768, "outFeatures": 2304}, [197, 768], [197, 2304]),
@@ -630,7 +635,8 @@ def test_every_card_line_fits_68_columns() -> None:
     long["components"][1]["params"]["inFeatures"] = 7
     docs = [load("mlp"), load("tiny_cnn"), load("resnet50"), load("llama7b"), long, _big_linear(100_000, 100_000)]
     for doc in docs:
-        text = make_plan(doc, source={"target": "some/really/long/path/" * 6 + "model.py:Net"}, base=load("mlp"))["text"]
+        source = {"target": "some/really/long/path/" * 6 + "model.py:Net"}
+        text = make_plan(doc, source=source, base=load("mlp"))["text"]
         for line in text.splitlines():
             assert len(line) == WIDTH, line
 

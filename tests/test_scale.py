@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-
 from graph_checks import assert_clean, by_name
 from helpers import run_cli as cli
+from torch import nn
+
 from neurarch_trace import trace_model
 from neurarch_trace.errors import TraceError
 

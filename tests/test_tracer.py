@@ -6,13 +6,13 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import fixture_models as fm
 import pytest
 import torch
-from torch import nn
-
-import fixture_models as fm
 from graph_checks import assert_clean, by_name, sources_of, types
 from helpers import load_example
+from torch import nn
+
 from neurarch_trace import read_graph, trace_model, write_graph
 from neurarch_trace.errors import GraphError, TraceError
 

@@ -11,8 +11,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from graph_checks import assert_clean, by_name, sources_of, types  # noqa: E402
-from neurarch_trace import trace_model  # noqa: E402
 from helpers import run_cli as _cli  # noqa: E402
+
+from neurarch_trace import trace_model  # noqa: E402
 
 SMALL = dict(num_hidden_layers=2, num_attention_heads=4, vocab_size=100)
 

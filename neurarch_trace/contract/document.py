@@ -73,7 +73,9 @@ def _numel_at_most(values: List[int], limit: int) -> bool:
 
 
 #: Reasons of :func:`parse_shape` that mean "not a flat list of positive integers".
-NOT_FLAT_POSITIVE = frozenset({"is not a list", "is not a flat list of integers", "has a dimension that is not positive"})
+NOT_FLAT_POSITIVE = frozenset(
+    {"is not a list", "is not a flat list of integers", "has a dimension that is not positive"}
+)
 
 
 def parse_shape(value: Any) -> Tuple[Optional[Shape], Optional[str]]:

@@ -164,7 +164,8 @@ def _field(problem: BadField) -> Problem:
     if problem.field == "params":
         file_message = f"component {node.id!r} has no 'params' object"
     elif problem.reason in NOT_FLAT_POSITIVE:
-        file_message = f"component {node.id!r} has {problem.field} {problem.value!r}, not a flat list of positive integers"
+        file_message = (f"component {node.id!r} has {problem.field} {problem.value!r}, "
+                        "not a flat list of positive integers")
     else:
         file_message = f"component {node.id!r} has {problem.field} that {problem.reason}"
     return Problem("malformed-field", node.name, f"{node.label}: {problem.field} {problem.reason}", file_message)

@@ -47,7 +47,8 @@ def evaluate(text: str, namespace: Mapping[str, Any], global_ns: Mapping[str, An
         return eval(code, dict(global_ns), dict(namespace))  # noqa: S307 - the user's own notebook
     except NameError as exc:
         missing = getattr(exc, "name", None) or text
-        raise InputError(f"{what} {text!r}: no variable named {missing!r} in the notebook; run the cell that defines it first") from exc
+        raise InputError(f"{what} {text!r}: no variable named {missing!r} in the notebook; "
+                         "run the cell that defines it first") from exc
     except Exception as exc:  # noqa: BLE001 - the user's own code can raise anything
         raise InputError(f"{what} {text!r} failed: {error_line(exc)}") from exc
 
@@ -123,7 +124,8 @@ class _Arguments:
     def put(self, name: Optional[str], value: Any, text: str, origin: str) -> None:
         if name is None:
             if self.kwargs:
-                raise InputError(f"--input {origin!r} is positional but follows a keyword input: put positional inputs first")
+                raise InputError(f"--input {origin!r} is positional but follows a keyword input: "
+                                 "put positional inputs first")
             self.args.append(value)
         else:
             if name in self.kwargs:

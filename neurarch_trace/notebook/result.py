@@ -24,8 +24,8 @@ import threading
 import traceback
 from typing import Any, Optional
 
-from neurarch_trace.errors import NeurarchError
 from neurarch_trace.contract import graph_summary
+from neurarch_trace.errors import NeurarchError
 
 __all__ = ["NeurarchResult", "layer_rows", "shape_text", "widget_frontend"]
 

@@ -7,7 +7,8 @@
 
 One concept per module: :mod:`neurarch_trace.contract` indexes and validates the document,
 :mod:`.verify` finds blockers, :mod:`.estimate` and :mod:`.counts` count parameters and FLOPs
-(measured first), :mod:`.workload` says what a sample is, :mod:`.memory` sizes a training step, :mod:`.fit` picks the card,
+(measured first), :mod:`.workload` says what a sample is, :mod:`.memory` sizes a training step,
+:mod:`.fit` picks the card,
 :mod:`.cost` prices training, :mod:`.lint` finds warnings, :mod:`.diff` compares with a base,
 :mod:`.card` renders. The plan service (:mod:`neurarch_trace.server`) is one caller of
 :func:`make_plan`; anything else may call it directly.
@@ -22,7 +23,8 @@ from neurarch_trace.planner.analysis import Analysis, analyse
 from neurarch_trace.planner.card import render
 from neurarch_trace.planner.cost import BACKWARD_FACTOR, TrainingCost, training_cost, training_unit, utilisation
 from neurarch_trace.planner.diff import diff as diff_against
-from neurarch_trace.planner.fit import MAX_BATCH, Fit, fit as fit_gpu
+from neurarch_trace.planner.fit import MAX_BATCH, Fit
+from neurarch_trace.planner.fit import fit as fit_gpu
 from neurarch_trace.planner.gpus import gpu_table
 from neurarch_trace.planner.memory import (
     ACTIVATION_BYTES,

@@ -96,7 +96,7 @@ def training_unit(work: Workload) -> Unit:
     return Unit("million-samples", "per million samples", float(SAMPLES_PER_UNIT))
 
 
-def utilisation(layers: "list[Any]") -> float:
+def utilisation(layers: list[Any]) -> float:
     """The MFU to assume for a model whose layer counts (``.node.type``, ``.flops``) are given:
     :data:`CONV_MFU` when convolutions carry more than half the layer FLOPs (a ViT's single patch
     embedding does not), else :data:`MFU`."""

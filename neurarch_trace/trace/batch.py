@@ -57,7 +57,9 @@ def strip(raw: Optional[RawShape], batch_size: int) -> List[int]:
 
 def _transformer_batch_first(target: nn.Module) -> Optional[bool]:
     batch_first = getattr(target, "batch_first", None)
-    if batch_first is None and type(target).__module__.startswith("torch.nn") and type(target).__name__.startswith("Transformer"):
+    cls = type(target)
+    torch_transformer = cls.__module__.startswith("torch.nn") and cls.__name__.startswith("Transformer")
+    if batch_first is None and torch_transformer:
         attn = next((m for m in target.modules() if isinstance(m, nn.MultiheadAttention)), None)
         batch_first = attn.batch_first if attn is not None else None
     return batch_first

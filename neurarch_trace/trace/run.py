@@ -170,7 +170,9 @@ def trace_model(
     if not tensors:
         raise ValueError("inputs hold no tensor: give at least one input tensor, batch first")
     if tensors[0][1].dim() == 0:
-        raise ValueError(f"input {tensors[0][0]!r} is a 0-d tensor: inputs are batch first, e.g. shape (1, 3, 224, 224)")
+        raise ValueError(
+            f"input {tensors[0][0]!r} is a 0-d tensor: inputs are batch first, e.g. shape (1, 3, 224, 224)"
+        )
     graph_name = name or type(model).__name__
 
     with opaque_script_modules(model):
