@@ -15,6 +15,7 @@ from torch import nn
 
 from neurarch_trace._version import __version__
 from neurarch_trace.contract import layout
+from neurarch_trace.text import shape_text
 from neurarch_trace.trace.batch import strip
 from neurarch_trace.trace.ownership import model_totals
 from neurarch_trace.trace.records import LayerCall, Recording
@@ -176,7 +177,7 @@ def build_graph(recording: Recording, *, model: nn.Module, named_inputs: List[Tu
     input_specs = [{"name": r.name, "shape": r.traced_shape, "dtype": r.traced_dtype}
                    for r in records[: recording.input_count]]
     if description is None:
-        shown = ", ".join(f"{s['name']} {'x'.join(map(str, s['shape']))} {s['dtype']}" for s in input_specs)
+        shown = ", ".join(f"{s['name']} {shape_text(s['shape'])} {s['dtype']}" for s in input_specs)
         description = f"Traced by neurarch-trace {__version__} from {type(model).__name__} with inputs {shown}."
     return {
         "id": _slug(name),
