@@ -3,8 +3,10 @@
     %load_ext neurarch_trace
     %neurarch model --input 1,3,224,224 --plan --share
 
-:mod:`.magic` parses the line with IPython's magic arguments and calls the same tracer, graph writer
-and plan client as the command line; :mod:`.result` holds what comes back
+:mod:`.magic` parses the line with IPython's magic arguments (the plan options come from
+:mod:`neurarch_trace.plan_options`, as the command line's do) and calls the same tracer, graph writer
+and plan client as the command line; :mod:`.namespace` turns the magic's ``--input`` values and
+model expression into forward arguments (no IPython there); :mod:`.result` holds what comes back
 (:class:`NeurarchResult`: graph, path, card, url, plan, error) and renders it as text and HTML;
 :mod:`.widget` is its ipywidgets view. Importing this package imports neither IPython, ipywidgets
 nor torch; the names below load on first use.
