@@ -39,7 +39,7 @@ from neurarch_trace.contract.files import (
     write_graph,
 )
 from neurarch_trace.contract.layout import layout
-from neurarch_trace.contract.order import Order, levels, topological_order
+from neurarch_trace.contract.order import Order, find_cycle, levels, topological_order
 from neurarch_trace.contract.summary import graph_summary, layer_count
 from neurarch_trace.contract.validate import Problem, check_graph, contract_problems, validate_graph
 from neurarch_trace.contract.vocabulary import (
@@ -84,6 +84,7 @@ __all__ = [
     "contract_problems",
     "default_graph_path",
     "dumps_graph",
+    "find_cycle",
     "graph_summary",
     "index_graph",
     "is_int",

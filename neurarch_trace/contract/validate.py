@@ -30,10 +30,11 @@ from neurarch_trace.contract.document import (
     BadField,
     Graph,
     Node,
+    gc_paused,
     index_graph,
     not_a_graph,
 )
-from neurarch_trace.contract.order import topological_order
+from neurarch_trace.contract.order import find_cycle, topological_order
 from neurarch_trace.errors import GraphError
 
 __all__ = ["Problem", "check_graph", "contract_problems", "validate_graph"]
@@ -132,6 +133,8 @@ def _cycles(graph: Graph, limit: int = 3) -> List[Problem]:
     pred: Dict[str, Set[str]] = {node_id: set() for node_id in graph.by_id}
     for edge in graph.edges:
         pred[edge.dst].add(edge.src)
+    if find_cycle(graph.by_id, pred) is None:
+        return []
     stuck = topological_order(graph.by_id, pred).stuck
     position = {node_id: node.index for node_id, node in graph.by_id.items()}
     found: List[Problem] = []
@@ -213,7 +216,9 @@ def validate_graph(graph: Any, *, max_problems: int = 50) -> List[str]:
     fault = not_a_graph(graph)
     if fault is not None:
         return fault.file_sentences[:max_problems]
-    return [p.file_message for p in contract_problems(index_graph(graph), strict=True)][:max_problems]
+    with gc_paused():
+        problems = contract_problems(index_graph(graph), strict=True)
+    return [p.file_message for p in problems][:max_problems]
 
 
 def check_graph(graph: Any, *, what: str = "the graph") -> dict:
