@@ -8,9 +8,10 @@ further; nn.Identity gets no node. Between layers, the flow mode (:mod:`.provena
 FLOP-counting dispatch mode (:class:`neurarch_trace.flops.FlopMode`) calls :meth:`Recorder.on_flops`,
 which charges the innermost running layer, or the functional total when none runs.
 
-The hooks, :meth:`on_function`, :meth:`on_flops` and :meth:`Provenance.of` run for every module
-call and every torch call of the forward: they stay free of indirection (collaborators' methods are
-bound once, in ``__init__``).
+:meth:`on_function` runs for every torch call between layers and looks up every operand's
+provenance, :meth:`on_flops` for every aten call, the hooks for every module call: they read the
+recorder's own state and methods bound once in ``__init__`` (``prov_of``, ``set_prov``), and add no
+layer of calls per tensor.
 """
 
 from __future__ import annotations
