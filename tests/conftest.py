@@ -45,15 +45,14 @@ def plan_server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerURL]]:
     """A function ``(**settings) -> ServerURL`` starting one server per call; all are stopped
     after the test. Unless given, ``db_path`` is a new file in ``tmp_path`` and ``public_url``
     the server's own address."""
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     server_pkg = pytest.importorskip("neurarch_trace.server")
+    from neurarch_trace.server.transport import bind_socket, build_server
     running: List[Tuple[Any, threading.Thread, socket.socket]] = []
     counter = itertools.count()
 
     def start(**overrides: Any) -> ServerURL:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)
+        sock = bind_socket("127.0.0.1", 0, backlog=128)  # as `serve` binds it: TCP_NODELAY on connections
         port = sock.getsockname()[1]
         base = f"http://127.0.0.1:{port}"
         options = {"host": "127.0.0.1", "port": port, "public_url": base,
@@ -61,7 +60,7 @@ def plan_server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerURL]]:
         options.update(overrides)
         settings = server_pkg.Settings(**options)
         app = server_pkg.create_app(settings)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        server = build_server(app, settings, log_level="warning")  # the same transport limits as `serve`
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         running.append((server, thread, sock))
