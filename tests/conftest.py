@@ -12,7 +12,8 @@ is bound before the thread starts, so the port is known and never raced for.
         url.db_path, url.settings, url.app             # what the server was built with
 
 Both yield the base URL (``http://127.0.0.1:PORT``, no trailing slash) as a ``str`` subclass that
-also carries ``settings``, ``app`` and ``db_path``. Skipped when the ``server`` extra is missing.
+also carries ``settings``, ``app``, ``db_path`` and the ``uvicorn.Server``. Skipped when the
+``server`` extra is missing.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class ServerURL(str):
     settings: Any
     app: Any
     db_path: Path
+    server: Any
 
 
 @pytest.fixture
@@ -73,6 +75,7 @@ def plan_server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerURL]]:
         url.settings = settings
         url.app = app
         url.db_path = settings.resolved_db_path()
+        url.server = server
         return url
 
     yield start
