@@ -185,10 +185,12 @@ def _plan(raw: bytes, max_depth: int) -> JobResult:
         answer = make_plan(body.model, source=source, base=body.base, seq_len=body.seq_len, attention=body.attention)
     except GraphError as exc:
         raise ApiError(422, str(exc)) from None
+    except OverflowError:
+        raise ApiError(422, "a number in the graph is too large to plan: the plan overflows a 64-bit float") from None
     try:
         response = strict_json({"text": answer["text"], "plan": answer["plan"]}).encode("utf-8")
     except ValueError:
-        raise ApiError(422, "a number in the graph is too large to plan: the plan overflows to infinity") from None
+        raise ApiError(422, "a number in the graph is too large to plan: the plan overflows a 64-bit float") from None
     share = None
     if body.share:
         share_id = secrets.token_urlsafe(ID_BYTES)
