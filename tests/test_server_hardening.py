@@ -178,8 +178,8 @@ def test_rate_limit_buckets_are_capped(plan_server_factory: Any) -> None:
     server = plan_server_factory(rate_limit=5, forwarded_allow_ips="127.0.0.1", rate_buckets_max=20)
     with requests.Session() as session:
         for i in range(3 * SWEEP_EVERY):  # a 415 after the count: cheap, and still a call
-            answer = session.post(server + PLAN, data=b"x", timeout=30,
-                                  headers={"X-Forwarded-For": f"10.{i // 250}.{i % 250}.1", "Content-Type": "text/plain"})
+            headers = {"X-Forwarded-For": f"10.{i // 250}.{i % 250}.1", "Content-Type": "text/plain"}
+            answer = session.post(server + PLAN, data=b"x", headers=headers, timeout=30)
             assert answer.status_code == 415
     assert _bucket_rows(server) <= 20 + SWEEP_EVERY
 
