@@ -24,7 +24,9 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import select
 import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional
@@ -50,12 +52,33 @@ class Busy(Exception):
         self.retry_after = retry_after
 
 
-def _init_worker(nice: int) -> None:
+def _exit_with(server_pid: int) -> None:
+    """Wait until the server process is gone, then end this worker. A worker's parent is the
+    forkserver, and the workers and the forkserver keep each other's pipes open, so after a
+    ``kill -9`` of the server nothing else would ever end them."""
+    try:
+        fd = os.pidfd_open(server_pid)
+    except (AttributeError, OSError):  # not Linux 5.3+: look once a second
+        while True:
+            try:
+                os.kill(server_pid, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                pass
+            time.sleep(1.0)
+    else:
+        select.select([fd], [], [])  # readable when the process has exited
+    os._exit(0)
+
+
+def _init_worker(nice: int, server_pid: int) -> None:
     if nice:
         try:
             os.nice(nice)
         except OSError:
             pass
+    threading.Thread(target=_exit_with, args=(server_pid,), name="server-watch", daemon=True).start()
 
 
 class _Lane:
@@ -74,7 +97,7 @@ class _Lane:
                 context = multiprocessing.get_context("forkserver")
                 context.set_forkserver_preload(_PRELOAD)
                 self._executor = ProcessPoolExecutor(self.workers, mp_context=context,
-                                                     initializer=_init_worker, initargs=(self.nice,))
+                                                     initializer=_init_worker, initargs=(self.nice, os.getpid()))
             return self._executor
 
     def _reset(self, broken: ProcessPoolExecutor) -> None:
