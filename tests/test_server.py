@@ -11,7 +11,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -26,7 +26,7 @@ DATA = Path(__file__).parent / "data"
 PLAN = "/api/v1/plan"
 
 
-def load(name: str) -> Dict[str, Any]:
+def load(name: str) -> dict[str, Any]:
     return json.loads((DATA / f"{name}.neurarch.json").read_text())
 
 
@@ -181,7 +181,8 @@ def test_rate_limit_per_ip_and_keys(plan_server_factory: Any) -> None:
         assert_error(answer, 401, "API key")
         assert answer.headers["www-authenticate"].startswith("Bearer")
     # share pages are not rate-limited
-    url = post(server, {"model": load("mlp"), "share": True}, headers={"Authorization": "Bearer good-key"}).json()["url"]
+    keyed = {"Authorization": "Bearer good-key"}
+    url = post(server, {"model": load("mlp"), "share": True}, headers=keyed).json()["url"]
     assert all(requests.get(url, timeout=30).status_code == 200 for _ in range(3))
 
 
@@ -283,7 +284,8 @@ def test_share_error_when_the_store_fails(plan_server_factory: Any) -> None:
 def test_openapi_schema_is_published(plan_server: str) -> None:
     schema = requests.get(plan_server + "/openapi.json", timeout=30).json()
     operation = schema["paths"][PLAN]["post"]
-    assert operation["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/PlanRequest"}
+    request_body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert request_body == {"$ref": "#/components/schemas/PlanRequest"}
     request = schema["components"]["schemas"]["PlanRequest"]
     assert request["required"] == ["model"]
     assert set(request["properties"]) == {"model", "share", "source", "base", "seq_len", "attention"}
@@ -322,7 +324,8 @@ def test_serve_unwritable_db_is_one_line_and_exit_1(tmp_path: Path, capsys: pyte
 
 def test_serve_bad_option_is_one_line(capsys: pytest.CaptureFixture) -> None:
     assert serve_main(["--public-url", "ftp://x"]) == 1
-    assert capsys.readouterr().err == "neurarch-trace: --public-url: Value error, public_url must be an http(s) URL without query or fragment\n"
+    assert capsys.readouterr().err == ("neurarch-trace: --public-url: Value error, public_url must be an http(s) URL "
+                                       "without query or fragment\n")
 
 
 def test_python_dash_m_serves(tmp_path: Path) -> None:

@@ -23,9 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -75,7 +76,7 @@ def postgres_server() -> Iterator[str]:
     if bindir is None:
         _unavailable("no initdb found (apt-get install postgresql)")
     root = Path(tempfile.mkdtemp(prefix="neurarch-pg-"))
-    as_user: List[str] = []
+    as_user: list[str] = []
     if os.geteuid() == 0:  # PostgreSQL will not run as root
         shutil.chown(root, "postgres", "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
@@ -155,7 +156,7 @@ class Replica:
 @pytest.fixture
 def replicas(pg_url: str) -> Iterator[Any]:
     """``start(*args) -> Replica`` on the test's database; all are stopped after the test."""
-    started: List[Replica] = []
+    started: list[Replica] = []
 
     def start(*args: str) -> Replica:
         replica = Replica(pg_url, *args)
@@ -206,8 +207,8 @@ def test_one_rate_limit_and_one_quota_span_both_replicas(replicas: Any) -> None:
 
 def test_kill_9_of_a_replica_loses_nothing_acknowledged(replicas: Any, pg_url: str) -> None:
     victim, survivor = replicas("--rate-limit", "0"), replicas("--rate-limit", "0")
-    acknowledged: List[str] = []
-    failed: List[str] = []
+    acknowledged: list[str] = []
+    failed: list[str] = []
 
     def client(worker: int) -> None:
         for i in range(60):

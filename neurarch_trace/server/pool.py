@@ -148,7 +148,7 @@ class PlanPool:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.fast = _Lane("small-plan", settings.workers, 0, settings.queue_max)
-        self.heavy = _Lane("large-plan", settings.heavy_workers, HEAVY_NICE, max(1, settings.queue_max // 8))
+        self.heavy = _Lane("large-plan", settings.heavy_workers, HEAVY_NICE, max(4, settings.queue_max // 4))
 
     async def plan(self, raw: bytes) -> JobResult:
         """The worker's answer for the request body ``raw``. Raises :class:`Busy`."""

@@ -75,7 +75,9 @@ class Settings(BaseModel):
     workers: int = Field(default_factory=_default_workers, ge=1, le=64,
                          description="worker processes for small plans")
     heavy_workers: int = Field(1, ge=1, le=64, description="worker processes (at lower priority) for large plans")
-    fast_lane_bytes: int = Field(1024 * 1024, ge=0, description="bodies up to this size start in the fast lane")
+    fast_lane_bytes: int = Field(4 * 1024 * 1024, ge=0,
+                                 description="bodies up to this size (a 10,000-layer graph is ~3 MB) start in the "
+                                             "fast lane")
     fast_lane_budget_s: float = Field(1.0, gt=0, description="CPU seconds a plan may take in the fast lane "
                                                               "before it moves to the large-plan lane")
     queue_max: int = Field(64, ge=1, description="plans waiting per lane at most; more: 503")
