@@ -379,3 +379,35 @@ def test_control_characters_never_reach_the_card() -> None:
     text = make_plan(graph)["text"]
     assert "\x1b" not in text and "\x07" not in text
     assert all(len(line) == 68 for line in text.splitlines())
+
+
+def test_serve_bad_duration_and_database_are_one_line(capsys: pytest.CaptureFixture) -> None:
+    assert serve_main(["--share-ttl", "soon"]) == 1
+    assert capsys.readouterr().err == "neurarch-trace: --share-ttl: 'soon' is not a duration (e.g. 3600, 12h, 30d)\n"
+    assert serve_main(["--db", "mysql://x/y"]) == 1
+    assert capsys.readouterr().err == ("neurarch-trace: --db: Value error, the database must be a file path, "
+                                       "sqlite:///PATH or postgresql://...\n")
+
+
+def test_a_version_1_database_is_migrated_to_strict_compressed_shares(plan_server_factory: Any,
+                                                                       tmp_path: Path) -> None:
+    db = tmp_path / "v1.sqlite3"
+    with sqlite3.connect(db) as conn:  # the schema and a row as the first release wrote them
+        conn.execute("CREATE TABLE shares (id TEXT PRIMARY KEY, created TEXT NOT NULL, name TEXT NOT NULL, "
+                     "text TEXT NOT NULL, graph TEXT NOT NULL, plan TEXT NOT NULL)")
+        conn.execute("INSERT INTO shares VALUES (?, ?, ?, ?, ?, ?)",
+                     ("OldShareId0123456789abcd", "2026-11-30T12:00:00+00:00", "MLP", "+--card--+",
+                      json.dumps(load("mlp")), '{"model": {"name": "MLP"}, "cost": {"peakGb": Infinity}}'))
+    server = plan_server_factory(db_path=db)
+    answer = requests.get(f"{server}/p/OldShareId0123456789abcd.json", timeout=30)
+
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+
+    doc = json.loads(answer.text, parse_constant=refuse)
+    assert doc["graph"] == load("mlp") and doc["text"] == "+--card--+"
+    assert doc["plan"] == {"model": {"name": "MLP"}, "cost": {"peakGb": None}}  # Infinity was never JSON
+    assert doc["created"] == "2026-11-30T12:00:00+00:00"
+    with sqlite3.connect(db) as conn:
+        assert [r[1] for r in conn.execute("PRAGMA table_info(shares)")] == [
+            "id", "created", "expires", "client", "size", "doc"]

@@ -69,7 +69,11 @@ class Database:
     where = ""
 
     @contextmanager
-    def transaction(self, lock_key: Optional[str] = None) -> Iterator[_Cursor]:
+    def transaction(self, lock_key: Optional[str] = None, write: bool = False) -> Iterator[_Cursor]:
+        """A transaction, committed when the block ends and rolled back when it raises. ``write``:
+        it will write (SQLite then takes its write lock first, so it queues on the busy timeout
+        instead of failing to upgrade a read); ``lock_key``: also serialise it against every other
+        transaction with the same key (implies ``write``)."""
         raise NotImplementedError
         yield  # pragma: no cover
 
@@ -112,10 +116,10 @@ class SqliteDatabase(Database):
         return conn
 
     @contextmanager
-    def transaction(self, lock_key: Optional[str] = None) -> Iterator[_Cursor]:
+    def transaction(self, lock_key: Optional[str] = None, write: bool = False) -> Iterator[_Cursor]:
         try:
             conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE" if lock_key is not None else "BEGIN")
+            conn.execute("BEGIN IMMEDIATE" if write or lock_key is not None else "BEGIN")
         except sqlite3.Error as exc:
             raise DatabaseError(f"the share database {self.path} is unavailable: {exc}") from exc
         try:
@@ -175,7 +179,7 @@ class PostgresDatabase(Database):
         return _PLACEHOLDER.sub(r"%(\1)s", sql.replace("%", "%%"))
 
     @contextmanager
-    def transaction(self, lock_key: Optional[str] = None) -> Iterator[_Cursor]:
+    def transaction(self, lock_key: Optional[str] = None, write: bool = False) -> Iterator[_Cursor]:
         try:
             with self._pool.connection(timeout=30) as conn, conn.transaction(), conn.cursor() as raw:
                 cursor = _Cursor(raw, self._convert)

@@ -54,7 +54,7 @@ class RateLimiter:
             return None
         now = self._clock()
         interval = self.window_s / self.limit
-        with self.db.transaction() as cur:
+        with self.db.transaction(write=True) as cur:
             passed = cur.execute(self._upsert, {"b": bucket, "now": now, "t": interval, "w": self.window_s}).one()
             if passed is None:
                 tat = float(cur.execute("SELECT tat FROM rate_buckets WHERE bucket = :b", {"b": bucket}).one()[0])
@@ -72,7 +72,7 @@ class RateLimiter:
     def sweep(self, now: Optional[float] = None) -> None:
         """Forget buckets whose TAT has passed, then the surplus over ``max_buckets``."""
         now = self._clock() if now is None else now
-        with self.db.transaction() as cur:
+        with self.db.transaction(write=True) as cur:
             cur.execute("DELETE FROM rate_buckets WHERE tat <= :now", {"now": now})
             count = int(cur.execute("SELECT COUNT(*) FROM rate_buckets").one()[0])
             if count > self.max_buckets:

@@ -164,7 +164,7 @@ class ShareStore:
 
     def purge_expired(self, now: Optional[float] = None) -> int:
         """Delete up to :data:`PURGE_BATCH` expired shares; how many went."""
-        with self.db.transaction() as cur:
+        with self.db.transaction(write=True) as cur:
             return cur.execute(
                 "DELETE FROM shares WHERE id IN (SELECT id FROM shares WHERE expires IS NOT NULL "
                 f"AND expires <= :now LIMIT {PURGE_BATCH})", {"now": time.time() if now is None else now}).rowcount
