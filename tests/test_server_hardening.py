@@ -377,3 +377,12 @@ def test_wide_characters_keep_the_card_box(plan_server: str) -> None:
     assert any("画像分類" in line for line in lines) and any("畳み込み層一" in line for line in lines)
     assert [wcwidth.wcswidth(line) for line in lines] == [68] * len(lines)
     assert all(line[0] in "+|" and line[-1] in "+|" for line in lines)
+
+
+def test_a_plan_over_the_worker_memory_cap_is_a_413(plan_server_factory: Any) -> None:
+    server = plan_server_factory(worker_memory_mb=300, plan_budget_s=60.0, rate_limit=0)
+    big = json.dumps({"model": chain(100_000)}, separators=(",", ":")).encode()
+    sentence = error_of(requests.post(server + PLAN, data=big, headers=JSON, timeout=120), 413)
+    assert sentence == "the plan needs more memory than this service allows one request; send a smaller graph"
+    small = requests.post(server + PLAN, json={"model": load("mlp")}, timeout=30)  # the worker lives on
+    assert small.status_code == 200

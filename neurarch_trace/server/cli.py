@@ -60,6 +60,8 @@ def build_parser(prog: str = "neurarch-trace serve") -> argparse.ArgumentParser:
                         help="worker processes for small plans (default: CPU count, at most 4)")
     parser.add_argument("--heavy-workers", type=int, default=None, metavar="N",
                         help="worker processes for large plans, at lower priority (default: 1)")
+    parser.add_argument("--worker-memory-mb", type=int, default=None, metavar="N",
+                        help="address space of one worker process in MiB (default: 2048; 0: no cap)")
     parser.add_argument("--max-connections", type=int, default=None, metavar="N",
                         help="open connections at most (default: 1000); more are answered 503")
     parser.add_argument("--header-timeout", type=float, default=None, metavar="S",
@@ -87,6 +89,7 @@ def _keys(args: argparse.Namespace) -> list[str]:
 
 _OPTIONAL = {"max_body_bytes": "max_body_bytes", "plan_budget_s": "plan_budget_s", "workers": "workers",
              "heavy_workers": "heavy_workers", "max_connections": "max_connections",
+             "worker_memory_mb": "worker_memory_mb",
              "header_timeout": "header_timeout_s", "body_timeout": "body_timeout_s"}
 
 

@@ -11,7 +11,8 @@ Lanes: a *fast* lane of ``settings.workers`` processes takes bodies up to ``fast
 with a short CPU slice (``fast_lane_budget_s``); a plan that needs more moves to the *large* lane
 (``heavy_workers`` processes at ``nice`` +10) with the full ``plan_budget_s``, as does any larger
 body from the start. So large plans queue behind each other, never in front of small ones, and the
-kernel prefers the small ones' processes when cores are short. Each lane admits at most
+kernel prefers the small ones' processes when cores are short. Each worker's address space is
+capped (``worker_memory_mb``), so one request cannot exhaust the host's memory. Each lane admits at most
 ``queue_max`` waiting jobs; beyond that :class:`Busy` (a 503 with ``Retry-After``).
 
 Workers come from a ``forkserver`` that has imported the planner once, so a new worker starts in
@@ -24,6 +25,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import resource
 import select
 import threading
 import time
@@ -72,18 +74,21 @@ def _exit_with(server_pid: int) -> None:
     os._exit(0)
 
 
-def _init_worker(nice: int, server_pid: int) -> None:
+def _init_worker(nice: int, server_pid: int, memory_bytes: int) -> None:
     if nice:
         try:
             os.nice(nice)
         except OSError:
             pass
+    if memory_bytes:  # a request that needs more gets a MemoryError (413), not the host's OOM killer
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     threading.Thread(target=_exit_with, args=(server_pid,), name="server-watch", daemon=True).start()
 
 
 class _Lane:
-    def __init__(self, name: str, workers: int, nice: int, queue_max: int) -> None:
+    def __init__(self, name: str, workers: int, nice: int, queue_max: int, memory_bytes: int) -> None:
         self.name = name
+        self.memory_bytes = memory_bytes
         self.workers = workers
         self.nice = nice
         self.queue_max = queue_max
@@ -96,8 +101,9 @@ class _Lane:
             if self._executor is None:
                 context = multiprocessing.get_context("forkserver")
                 context.set_forkserver_preload(_PRELOAD)
-                self._executor = ProcessPoolExecutor(self.workers, mp_context=context,
-                                                     initializer=_init_worker, initargs=(self.nice, os.getpid()))
+                self._executor = ProcessPoolExecutor(
+                    self.workers, mp_context=context, initializer=_init_worker,
+                    initargs=(self.nice, os.getpid(), self.memory_bytes))
             return self._executor
 
     def _reset(self, broken: ProcessPoolExecutor) -> None:
@@ -147,8 +153,9 @@ class PlanPool:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.fast = _Lane("small-plan", settings.workers, 0, settings.queue_max)
-        self.heavy = _Lane("large-plan", settings.heavy_workers, HEAVY_NICE, max(4, settings.queue_max // 4))
+        memory = settings.worker_memory_mb * 2**20
+        self.fast = _Lane("small-plan", settings.workers, 0, settings.queue_max, memory)
+        self.heavy = _Lane("large-plan", settings.heavy_workers, HEAVY_NICE, max(4, settings.queue_max // 4), memory)
 
     async def plan(self, raw: bytes) -> JobResult:
         """The worker's answer for the request body ``raw``. Raises :class:`Busy`."""

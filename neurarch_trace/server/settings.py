@@ -80,6 +80,8 @@ class Settings(BaseModel):
                                              "fast lane")
     fast_lane_budget_s: float = Field(1.0, gt=0, description="CPU seconds a plan may take in the fast lane "
                                                               "before it moves to the large-plan lane")
+    worker_memory_mb: int = Field(2048, ge=0, description="address space of one worker process, MiB "
+                                                          "(a 100,000-layer plan peaks near 400 MiB); 0: no cap")
     queue_max: int = Field(64, ge=1, description="plans waiting per lane at most; more: 503")
     forwarded_allow_ips: Optional[str] = Field(
         None, description="comma-separated proxy IPs or networks whose X-Forwarded-For and "

@@ -172,7 +172,8 @@ def _run_budgeted(budget_s: float, job: Any, *args: Any) -> JobResult:
     except ApiError as exc:
         return JobResult(exc.status, sentence=exc.sentence, cpu_s=time.process_time() - started)
     except MemoryError:
-        return JobResult(413, sentence="the plan needs more memory than this service has for one request")
+        return JobResult(413, sentence="the plan needs more memory than this service allows one request; "
+                                       "send a smaller graph", cpu_s=time.process_time() - started)
     finally:
         signal.signal(signal.SIGPROF, previous)
     return JobResult(result.status, result.body, result.sentence, result.share, cpu_s=time.process_time() - started)
