@@ -7,8 +7,11 @@ continuation rows under the value column. Every number shown is read from the pl
 
 Widths are display columns, not code points: a CJK character or an emoji takes two columns in a
 terminal, a combining mark none (:func:`display_width`, from the Unicode East Asian Width
-property, UAX #11, as terminals' own ``wcwidth`` tables are). So names in any script keep the
-box's right border in place.
+property, UAX #11, which terminals' own ``wcwidth`` tables follow). The standard library's
+``unicodedata`` is enough for that rule and keeps the torch-free planner free of dependencies;
+the tests check the result against the ``wcwidth`` package. So names in any script keep the box's
+right border in place. (Emoji sequences joined by U+200D are shown as their parts: the joiner is
+a format character, blanked with the other non-printables.)
 """
 
 from __future__ import annotations
