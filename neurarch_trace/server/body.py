@@ -11,6 +11,7 @@ limit). The body is read in chunks and refused with 413 as soon as it passes ``m
 from __future__ import annotations
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from neurarch_trace.server.errors import ApiError
 from neurarch_trace.server.settings import Settings
@@ -46,9 +47,12 @@ async def read_body(request: Request, settings: Settings) -> bytes:
     _check_headers(request, limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body is larger than this service accepts ({limit:,} bytes)")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"the request body is larger than this service accepts ({limit:,} bytes)")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left, or the transport cut it off (read timeouts): nobody to answer
+        raise ApiError(408, "the request body did not arrive") from None
     return b"".join(chunks)
