@@ -380,9 +380,13 @@ def test_wide_characters_keep_the_card_box(plan_server: str) -> None:
 
 
 def test_a_plan_over_the_worker_memory_cap_is_a_413(plan_server_factory: Any) -> None:
-    server = plan_server_factory(worker_memory_mb=300, plan_budget_s=60.0, rate_limit=0)
+    # a worker's address space starts near 250 MiB (interpreter, planner, thread arenas); a
+    # 100,000-layer plan peaks near 450 MiB, a small one adds a few MiB
+    server = plan_server_factory(worker_memory_mb=360, plan_budget_s=60.0, rate_limit=0)
+    assert requests.post(server + PLAN, json={"model": load("mlp")}, timeout=30).status_code == 200
     big = json.dumps({"model": chain(100_000)}, separators=(",", ":")).encode()
     sentence = error_of(requests.post(server + PLAN, data=big, headers=JSON, timeout=120), 413)
     assert sentence == "the plan needs more memory than this service allows one request; send a smaller graph"
-    small = requests.post(server + PLAN, json={"model": load("mlp")}, timeout=30)  # the worker lives on
-    assert small.status_code == 200
+    again = requests.post(server + PLAN, data=big, headers=JSON, timeout=120)  # the worker lived on
+    assert again.status_code == 413 and again.json()["error"] == sentence
+    assert requests.post(server + PLAN, json={"model": load("mlp")}, timeout=30).status_code == 200
