@@ -11,6 +11,8 @@ worker. Clients use kept-alive connections (one ``requests.Session`` each).
    without TCP_NODELAY made each of these wait ~40 ms for a delayed ACK).
 2. For ResNet-50- (177 components), LLaMA-7B- (389, with measured fields) and 10,000-layer graphs:
    requests/s and p50/p99 latency with 1 (sequential), 8 and 32 concurrent clients, per backend.
+   Baseline in the same run: the same app and transport served from a socket opened with
+   ``proto=0`` (as ``serve`` used to open it), on which asyncio never sets TCP_NODELAY.
 3. Two 100,000-layer plans in flight (``--plan-budget-s 300`` so they are planned, not refused;
    two large-plan workers): health and ResNet-50 plan latency meanwhile, against the same calls
    with the service idle, measured in the same run.
@@ -100,16 +102,32 @@ def private_postgres() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-class Service:
-    """``python -m neurarch_trace.server`` on a free port with ``args``; a context manager."""
+#: The service as before the fix: the same app and transport on a socket opened with proto=0.
+_PROTO0_SERVER = """
+import socket, sys
+from neurarch_trace.server import Settings, create_app
+from neurarch_trace.server.transport import build_server
+port, db = int(sys.argv[1]), sys.argv[2]
+sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # proto=0: asyncio sets no TCP_NODELAY
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", port))
+sock.listen(128)
+settings = Settings(port=port, database_url=db, rate_limit=0)
+build_server(create_app(settings), settings, log_level="warning").run(sockets=[sock])
+"""
 
-    def __init__(self, db: str, *args: str) -> None:
+
+class Service:
+    """``python -m neurarch_trace.server`` on a free port with ``args``; a context manager.
+    ``proto0``: the baseline server of :data:`_PROTO0_SERVER` instead."""
+
+    def __init__(self, db: str, *args: str, proto0: bool = False) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "neurarch_trace.server", "--port", str(self.port), "--db", db,
-             "--log-level", "warning", "--rate-limit", "1000000000", *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        command = [sys.executable, "-c", _PROTO0_SERVER, str(self.port), db] if proto0 else [
+            sys.executable, "-m", "neurarch_trace.server", "--port", str(self.port), "--db", db,
+            "--log-level", "warning", "--rate-limit", "1000000000", *args]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for _ in range(600):
             try:
                 requests.get(self.url + "/api/v1/health", timeout=2)
@@ -199,6 +217,18 @@ def bench_backend(db: str, bodies: dict[str, bytes], scale: float) -> dict[str, 
     return out
 
 
+def bench_nagle(db: str) -> dict[str, Any]:
+    """Kept-alive health and ResNet-50 plans: the fixed socket against a ``proto=0`` one."""
+    small = json.dumps({"model": resnet50_graph()}).encode()
+    out: dict[str, Any] = {}
+    for name, proto0 in (("proto0_baseline", True), ("ipproto_tcp", False)):
+        with Service(db, proto0=proto0) as service:
+            out[name] = {"health": sequential(service.url, 100), "resnet50": sequential(service.url, 40, small)}
+    for what in ("health", "resnet50"):
+        out[f"{what}_p50_ratio"] = out["proto0_baseline"][what]["p50_ms"] / out["ipproto_tcp"][what]["p50_ms"]
+    return out
+
+
 def bench_two_big(db: str, scale: float) -> dict[str, Any]:
     """Health and ResNet-50 plan latency, idle and then with two 100,000-layer plans in flight."""
     big = json.dumps({"model": chain_graph(100_000)}, separators=(",", ":")).encode()
@@ -234,6 +264,11 @@ def _print_table(results: dict[str, Any]) -> None:
         print(f"{backend}: kept-alive health p50 {r['keepalive_health']['p50_ms']:.2f} ms "
               f"(p99 {r['keepalive_health']['p99_ms']:.2f}), ResNet-50 plan p50 "
               f"{r['keepalive_resnet50_plan']['p50_ms']:.1f} ms (p99 {r['keepalive_resnet50_plan']['p99_ms']:.1f})")
+    nagle = results["nagle"]
+    for what in ("health", "resnet50"):
+        print(f"kept-alive {what}: p50 {nagle['ipproto_tcp'][what]['p50_ms']:.2f} ms with TCP_NODELAY, "
+              f"{nagle['proto0_baseline'][what]['p50_ms']:.2f} ms on a proto=0 socket "
+              f"(x{nagle[f'{what}_p50_ratio']:.1f})")
     two = results["two_big"]
     for what in ("health", "resnet50"):
         print(f"two 100k plans in flight: {what} p50 {two['busy'][what]['p50_ms']:.1f} ms, p99 "
@@ -265,6 +300,7 @@ def main(argv: Sequence[str] = ()) -> int:
             else:
                 with private_postgres() as url:
                     results["backends"]["postgresql"] = bench_backend(url, bodies, args.scale)
+        results["nagle"] = bench_nagle("sqlite:///" + os.path.join(tmp, "nagle.sqlite3"))
         results["two_big"] = bench_two_big(os.path.join(tmp, "big.sqlite3"), args.scale)
     _print_table(results)
     if args.json:
