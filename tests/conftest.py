@@ -12,7 +12,8 @@ is bound before the thread starts, so the port is known and never raced for.
         url.db_path, url.settings, url.app             # what the server was built with
 
 Both yield the base URL (``http://127.0.0.1:PORT``, no trailing slash) as a ``str`` subclass that
-also carries ``settings``, ``app`` and ``db_path``. Skipped when the ``server`` extra is missing.
+also carries ``settings``, ``app``, ``db_path`` and the ``uvicorn.Server``. Skipped when the
+``server`` extra is missing.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ServerURL(str):
     settings: Any
     app: Any
     db_path: Path
+    server: Any
 
 
 @pytest.fixture
@@ -44,15 +46,14 @@ def plan_server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerURL]]:
     """A function ``(**settings) -> ServerURL`` starting one server per call; all are stopped
     after the test. Unless given, ``db_path`` is a new file in ``tmp_path`` and ``public_url``
     the server's own address."""
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     server_pkg = pytest.importorskip("neurarch_trace.server")
+    from neurarch_trace.server.transport import bind_socket, build_server
     running: List[Tuple[Any, threading.Thread, socket.socket]] = []
     counter = itertools.count()
 
     def start(**overrides: Any) -> ServerURL:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)
+        sock = bind_socket("127.0.0.1", 0, backlog=128)  # as `serve` binds it: TCP_NODELAY on connections
         port = sock.getsockname()[1]
         base = f"http://127.0.0.1:{port}"
         options = {"host": "127.0.0.1", "port": port, "public_url": base,
@@ -60,7 +61,7 @@ def plan_server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerURL]]:
         options.update(overrides)
         settings = server_pkg.Settings(**options)
         app = server_pkg.create_app(settings)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        server = build_server(app, settings, log_level="warning")  # the same transport limits as `serve`
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         running.append((server, thread, sock))
@@ -73,6 +74,7 @@ def plan_server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerURL]]:
         url.settings = settings
         url.app = app
         url.db_path = settings.resolved_db_path()
+        url.server = server
         return url
 
     yield start
@@ -112,9 +114,10 @@ def refused_port() -> Iterator[int]:
         sock.close()
 
 
-#: Test files that are slow as a whole (a real browser, notebooks run in a kernel, scale tests):
+#: Test files that are slow as a whole (a real browser, notebooks run in a kernel, scale tests,
+#: PostgreSQL replicas in their own processes):
 #: marked here rather than in each file.
-SLOW_FILES = {"test_browser.py", "test_notebooks.py", "test_scale.py"}
+SLOW_FILES = {"test_browser.py", "test_notebooks.py", "test_scale.py", "test_server_postgres.py"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:

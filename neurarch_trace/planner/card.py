@@ -4,11 +4,19 @@ At most :data:`WIDTH` (68) columns, boxed with ``+``, ``-`` and ``|``; a header 
 target, then layers, parameters and FLOPs), a box of labelled rows (Runs, GPU fit, Training cost,
 Blockers, Warnings) and, with a base, a diff box. A value longer than its column wraps onto
 continuation rows under the value column. Every number shown is read from the plan.
+
+Widths are display columns, not code points: a CJK character or an emoji takes two columns in a
+terminal, a combining mark none (:func:`display_width`, from the Unicode East Asian Width
+property, UAX #11, which terminals' own ``wcwidth`` tables follow). The standard library's
+``unicodedata`` is enough for that rule and keeps the torch-free planner free of dependencies;
+the tests check the result against the ``wcwidth`` package. So names in any script keep the box's
+right border in place. (Emoji sequences joined by U+200D are shown as their parts: the joiner is
+a format character, blanked with the other non-printables.)
 """
 
 from __future__ import annotations
 
-import textwrap
+import unicodedata
 from typing import Any, List, Mapping, Optional
 
 import neurarch_trace.text as units
@@ -28,17 +36,66 @@ MAX_VALUE_ROWS = 3
 _RULE = "+" + "-" * (WIDTH - 2) + "+"
 
 
+def char_width(ch: str) -> int:
+    """Columns ``ch`` takes in a terminal: 0 for combining marks and format characters (zero-width
+    joiner, variation selectors), 2 for wide and fullwidth characters (CJK, most emoji), else 1."""
+    if ch.isascii():
+        return 1
+    if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def display_width(text: str) -> int:
+    """Columns ``text`` takes in a terminal (see :func:`char_width`)."""
+    return len(text) if text.isascii() else sum(char_width(ch) for ch in text)
+
+
+def _cut(text: str, width: int) -> str:
+    """The longest start of ``text`` at most ``width`` columns wide."""
+    if text.isascii():
+        return text[:width]
+    used = 0
+    for index, ch in enumerate(text):
+        used += char_width(ch)
+        if used > width:
+            return text[:index]
+    return text
+
+
+def _pad(text: str, width: int) -> str:
+    """``text`` cut or padded with spaces to exactly ``width`` columns."""
+    text = _cut(text, width)
+    return text + " " * (width - display_width(text))
+
+
 def _line(text: str) -> str:
-    return "| " + text.ljust(INNER)[:INNER] + " |"
+    return "| " + _pad(text, INNER) + " |"
 
 
 def _wrap(text: str, width: int, max_rows: int = MAX_VALUE_ROWS) -> List[str]:
-    text = printable(text)
-    rows = textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+    """Words of ``text`` filled greedily into rows of at most ``width`` columns, as ``textwrap``
+    does but by display width; a word longer than a row fills the current row and breaks; past
+    ``max_rows`` the last row ends with ``...``."""
+    rows: List[str] = []
+    row = ""
+    for word in printable(text).split():
+        while word:
+            gap = 1 if row else 0
+            room = width - display_width(row) - gap
+            if display_width(word) <= room:
+                row, word = row + " " * gap + word, ""
+                continue
+            if display_width(word) > width and room > 0:
+                head = _cut(word, room) or ("" if row else word[:1])
+                row, word = row + " " * gap + head if head else row, word[len(head):]
+            rows.append(row)
+            row = ""
+    rows.append(row)
+    rows = [r for r in rows if r] or [""]
     if len(rows) > max_rows:
         rows = rows[:max_rows]
-        last = rows[-1]
-        rows[-1] = (last[: width - 3] if len(last) > width - 3 else last) + "..."
+        rows[-1] = _cut(rows[-1], width - 3) + "..."
     return rows
 
 
@@ -54,11 +111,13 @@ def _row(label: str, value: str, *more: str) -> List[str]:
 
 
 def _clip(text: str, width: int, keep_end: bool = False) -> str:
-    if len(text) <= width:
+    if display_width(text) <= width:
         return text
     if width <= 3:
-        return text[:width]
-    return "..." + text[-(width - 3):] if keep_end else text[: width - 3] + "..."
+        return _cut(text, width)
+    if keep_end:
+        return "..." + _cut(text[::-1], width - 3)[::-1]
+    return _cut(text, width - 3) + "..."
 
 
 def _title(name: str, target: Optional[str]) -> str:
@@ -68,9 +127,10 @@ def _title(name: str, target: Optional[str]) -> str:
     name = " ".join(printable(name).split())
     if not target:
         return _line(_clip(name, room))
-    target = _clip(" ".join(printable(target).split()), max(room // 2, room - len(name) - 2), keep_end=True)
-    name = _clip(name, room - len(target) - 2)
-    return _line(name + " " * (room - len(name) - len(target)) + target + " ")
+    target = _clip(" ".join(printable(target).split()), max(room // 2, room - display_width(name) - 2),
+                   keep_end=True)
+    name = _clip(name, room - display_width(target) - 2)
+    return _line(name + " " * (room - display_width(name) - display_width(target)) + target + " ")
 
 
 def _article(gpu_id: str) -> str:

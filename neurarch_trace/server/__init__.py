@@ -1,7 +1,7 @@
 """The reference plan service: FastAPI on uvicorn, installed by the ``server`` extra.
 
     >>> from neurarch_trace.server import Settings, create_app
-    >>> app = create_app(Settings(db_path="shares.sqlite3"))
+    >>> app = create_app(Settings(database_url="shares.sqlite3"))   # or "postgresql://..."
 
 or from a shell: ``neurarch-trace serve`` (``python -m neurarch_trace.server``). The HTTP contract
 is ``shared/spec/plan-api.md``; the card itself comes from :mod:`neurarch_trace.planner`, which

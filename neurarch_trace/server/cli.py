@@ -1,7 +1,9 @@
 """``neurarch-trace serve``: run the reference plan service with uvicorn.
 
-    neurarch-trace serve [--host 127.0.0.1] [--port 8000] [--db PATH] [--public-url URL]
+    neurarch-trace serve [--host 127.0.0.1] [--port 8000] [--db PATH|URL] [--public-url URL]
                          [--rate-limit N] [--api-keys KEY ...] [--api-keys-file PATH]
+                         [--forwarded-allow-ips IPS] [--share-ttl DURATION] [--share-quota-mb N]
+                         [--plan-budget-s S] [--workers N] [--max-connections N] ...
 
 Loopback by default. The socket is bound and the database opened before anything is served, so a
 port in use or an unwritable database is one line on stderr (``neurarch-trace: ...``) and exit
@@ -15,10 +17,10 @@ import argparse
 import errno
 import os
 import signal
-import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, Optional
 
 __all__ = ["build_parser", "serve_main"]
 
@@ -32,8 +34,9 @@ def build_parser(prog: str = "neurarch-trace serve") -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000; 0 picks a free one)")
-    parser.add_argument("--db", type=Path, default=None, metavar="PATH",
-                        help="SQLite file for shared plans (default: shares.sqlite3 in the user data directory)")
+    parser.add_argument("--db", default=None, metavar="PATH|URL",
+                        help="where shares, rate limits and quotas live: a SQLite file (default: shares.sqlite3 "
+                             "in the user data directory) or postgresql://USER@HOST/DB, shared by replicas")
     parser.add_argument("--public-url", default=None, metavar="URL",
                         help="start of share links, e.g. https://plans.example.com (default: http://HOST:PORT)")
     parser.add_argument("--rate-limit", type=int, default=60, metavar="N",
@@ -44,8 +47,27 @@ def build_parser(prog: str = "neurarch-trace serve") -> argparse.ArgumentParser:
                         help="file with one bearer key per line")
     parser.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
                         help="largest request body in bytes (default: 16 MiB)")
-    parser.add_argument("--forwarded-allow-ips", default="127.0.0.1", metavar="IPS",
-                        help="proxies trusted for X-Forwarded-For (default: 127.0.0.1)")
+    parser.add_argument("--forwarded-allow-ips", default=None, metavar="IPS",
+                        help="comma-separated proxy addresses or networks whose X-Forwarded-For names the "
+                             "client (default: none; the connection's peer is the client)")
+    parser.add_argument("--share-ttl", default=None, metavar="DURATION",
+                        help="delete shares this long after they are made: 3600, 12h, 30d (default: keep)")
+    parser.add_argument("--share-quota-mb", type=float, default=None, metavar="N",
+                        help="compressed MiB of shares one client may store per day (default: 256; 0: no quota)")
+    parser.add_argument("--plan-budget-s", type=float, default=None, metavar="S",
+                        help="CPU seconds one plan may use (default: 5); over it the answer is 413")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="worker processes for small plans (default: CPU count, at most 4)")
+    parser.add_argument("--heavy-workers", type=int, default=None, metavar="N",
+                        help="worker processes for large plans, at lower priority (default: 1)")
+    parser.add_argument("--worker-memory-mb", type=int, default=None, metavar="N",
+                        help="address space of one worker process in MiB (default: 2048; 0: no cap)")
+    parser.add_argument("--max-connections", type=int, default=None, metavar="N",
+                        help="open connections at most (default: 1000); more are answered 503")
+    parser.add_argument("--header-timeout", type=float, default=None, metavar="S",
+                        help="seconds to receive request headers (default: 10)")
+    parser.add_argument("--body-timeout", type=float, default=None, metavar="S",
+                        help="seconds to receive a whole request body (default: 60)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                         help="uvicorn log level (default: info)")
     return parser
@@ -56,7 +78,7 @@ def _fail(message: str) -> int:
     return 1
 
 
-def _keys(args: argparse.Namespace) -> List[str]:
+def _keys(args: argparse.Namespace) -> list[str]:
     keys = list(args.api_keys)
     keys += os.environ.get(KEYS_ENV, "").replace(",", " ").split()
     if args.api_keys_file is not None:
@@ -65,30 +87,46 @@ def _keys(args: argparse.Namespace) -> List[str]:
     return list(dict.fromkeys(keys))
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+_OPTIONAL = {"max_body_bytes": "max_body_bytes", "plan_budget_s": "plan_budget_s", "workers": "workers",
+             "heavy_workers": "heavy_workers", "max_connections": "max_connections",
+             "worker_memory_mb": "worker_memory_mb",
+             "header_timeout": "header_timeout_s", "body_timeout": "body_timeout_s"}
+
+
+_FLAGS = {"database_url": "--db", "share_ttl_s": "--share-ttl", "share_quota_bytes": "--share-quota-mb",
+          "header_timeout_s": "--header-timeout", "body_timeout_s": "--body-timeout"}
+
+
+def _options(args: argparse.Namespace, keys: list[str]) -> dict[str, Any]:
+    """Settings fields from the command line (``ValueError`` for a bad duration)."""
+    from neurarch_trace.server.settings import parse_duration
+
+    options: dict[str, Any] = {"host": args.host, "port": args.port, "database_url": args.db,
+                               "public_url": args.public_url, "rate_limit": args.rate_limit,
+                               "api_keys": tuple(keys), "forwarded_allow_ips": args.forwarded_allow_ips}
+    for arg, field in _OPTIONAL.items():
+        if getattr(args, arg) is not None:
+            options[field] = getattr(args, arg)
+    if args.share_quota_mb is not None:
+        options["share_quota_bytes"] = int(args.share_quota_mb * 2**20)
+    if args.share_ttl is not None:
+        try:
+            options["share_ttl_s"] = parse_duration(args.share_ttl)
+        except ValueError:
+            raise ValueError(f"--share-ttl: {args.share_ttl!r} is not a duration (e.g. 3600, 12h, 30d)") from None
+    return options
 
 
 def serve_main(argv: Sequence[str]) -> int:
     """Run ``neurarch-trace serve`` with ``argv`` (the words after ``serve``); the exit status."""
     args = build_parser().parse_args(list(argv))
     try:
-        import uvicorn
         from pydantic import ValidationError
 
         from neurarch_trace.server.app import create_app
         from neurarch_trace.server.settings import Settings
         from neurarch_trace.server.store import StoreError
+        from neurarch_trace.server.transport import bind_socket, build_server
     except ImportError as exc:
         return _fail(f"the plan service needs the server extra ({exc.name} is missing): "
                      "pip install 'neurarch-trace[server]'")
@@ -96,20 +134,18 @@ def serve_main(argv: Sequence[str]) -> int:
         keys = _keys(args)
     except OSError as exc:
         return _fail(f"cannot read --api-keys-file {args.api_keys_file}: {exc.strerror or exc}")
-    options = {"host": args.host, "port": args.port, "db_path": args.db, "public_url": args.public_url,
-               "rate_limit": args.rate_limit, "api_keys": tuple(keys),
-               "forwarded_allow_ips": args.forwarded_allow_ips}
-    if args.max_body_bytes is not None:
-        options["max_body_bytes"] = args.max_body_bytes
     try:
-        settings = Settings(**options)
-    except ValidationError as exc:
+        settings = Settings(**_options(args, keys))
+    except ValueError as exc:
+        if not isinstance(exc, ValidationError):
+            return _fail(str(exc))
         first = exc.errors()[0]
-        where = "--" + str(first["loc"][0]).replace("_", "-") if first.get("loc") else "an option"
+        field = str(first["loc"][0]) if first.get("loc") else ""
+        where = _FLAGS.get(field, "--" + field.replace("_", "-")) if field else "an option"
         return _fail(f"{where}: {first['msg']}")
 
     try:
-        sock = _bind(settings.host, settings.port)
+        sock = bind_socket(settings.host, settings.port)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             return _fail(f"cannot listen on {settings.host}:{settings.port}: the port is already in use "
@@ -126,11 +162,9 @@ def serve_main(argv: Sequence[str]) -> int:
 
     shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
     print(f"neurarch plan service on http://{shown_host}:{bound_port} "
-          f"(shares in {settings.resolved_db_path()}, links start {settings.resolved_public_url()}/p/)",
-          file=sys.stderr)
-    config = uvicorn.Config(app, log_level=args.log_level, proxy_headers=True,
-                            forwarded_allow_ips=settings.forwarded_allow_ips, server_header=False)
-    server = uvicorn.Server(config)
+          f"(shares in {app.state.store.db.where}, links start {settings.resolved_public_url()}/p/)",
+          file=sys.stderr, flush=True)
+    server = build_server(app, settings, log_level=args.log_level)
     _stop_on_sigterm()
     try:
         server.run(sockets=[sock])

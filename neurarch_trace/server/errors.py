@@ -8,7 +8,7 @@ never the default ``{"detail": ...}``, and never a traceback.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,24 +24,26 @@ _STATUS_SENTENCES = {
     401: "the API key is not valid",
     404: "not found",
     405: "method not allowed",
+    408: "the request was not received in time",
     413: "the request body is too large",
     415: "the request body must be JSON (Content-Type: application/json)",
     429: "rate limit reached",
     500: "the plan service failed on this request",
+    503: "the plan service is busy; retry shortly",
 }
 
 
 class ApiError(Exception):
     """An answer other than 2xx: ``status``, one ``sentence``, optional extra ``headers``."""
 
-    def __init__(self, status: int, sentence: str, headers: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, status: int, sentence: str, headers: Optional[dict[str, str]] = None) -> None:
         super().__init__(sentence)
         self.status = status
         self.sentence = sentence
         self.headers = headers or {}
 
 
-def error_response(status: int, sentence: str, headers: Optional[Dict[str, str]] = None) -> JSONResponse:
+def error_response(status: int, sentence: str, headers: Optional[dict[str, str]] = None) -> JSONResponse:
     """The JSON error answer; the sentence is cut to one line."""
     line = " ".join(str(sentence).split())
     return JSONResponse({"error": line}, status_code=status, headers=headers)

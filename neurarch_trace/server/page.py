@@ -7,8 +7,9 @@ escaping could not run any.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from html import escape
-from typing import Any, Iterable, List, Mapping, Optional
+from typing import Any, Optional
 
 from neurarch_trace.planner import units
 
@@ -47,7 +48,7 @@ def _flops(value: Any, source: Optional[str]) -> str:
     return text + (" (est.)" if source == "estimated" else "")
 
 
-def _rows(layers: Iterable[Mapping[str, Any]]) -> List[str]:
+def _rows(layers: Iterable[Mapping[str, Any]]) -> list[str]:
     rows = []
     for layer in layers:
         params = layer.get("params")

@@ -1,12 +1,58 @@
-"""Request and response bodies of ``plan-api.md``, as pydantic models (they also feed OpenAPI)."""
+"""Request and response bodies of ``plan-api.md``, as pydantic models (they also feed OpenAPI).
+
+:class:`Graph`, :class:`Component` and :class:`Connection` publish the ``.neurarch.json``
+structure (``shared/spec/neurarch-graph.md``) in the OpenAPI document, so clients and schema-driven
+fuzzers build graphs that reach the planner. The request itself keeps ``model`` a plain object:
+the planner's own checks say what is wrong with a graph in one sentence naming the component,
+which a schema validator cannot.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-__all__ = ["ErrorBody", "Health", "PlanRequest", "PlanResponse", "Source"]
+__all__ = ["Component", "Connection", "ErrorBody", "Graph", "Health", "PlanRequest", "PlanResponse", "Source"]
+
+class Component(BaseModel):
+    """One layer call (or the ``input``/``output`` node) of the graph."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(..., min_length=1, description="unique in the graph")
+    name: str = Field(..., min_length=1, description="unique in the graph; diffs match by name")
+    type: str = Field(..., description="vocabulary type (linear, conv2d, layerNorm, input, output, ...)",
+                      examples=["input", "linear", "relu", "output"])
+    params: dict[str, Any] = Field(..., description="hyperparameters by their camelCase keys; {} when none",
+                                   examples=[{"inFeatures": 784, "outFeatures": 256}])
+    scope: Optional[str] = Field(None, description="dotted path of the parent module")
+    inputShape: Optional[list[int]] = Field(None, description="batchless input shape, positive ints")  # noqa: N815
+    outputShape: Optional[list[int]] = Field(None, description="batchless output shape, positive ints")  # noqa: N815
+
+
+class Connection(BaseModel):
+    """A data-flow edge; both ends must be component ids."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    id: str = Field(..., min_length=1)
+    from_: str = Field(..., alias="from", description="producer component id")
+    to: str = Field(..., description="consumer component id")
+    fromPort: Optional[str] = Field(None, examples=["bottom"])  # noqa: N815
+    toPort: Optional[str] = Field(None, examples=["top"])  # noqa: N815
+
+
+class Graph(BaseModel):
+    """A ``.neurarch.json`` document as the tracer writes it; unknown fields are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: Optional[str] = None
+    name: Optional[str] = Field(None, description="the model's name, shown on the card")
+    description: Optional[str] = None
+    components: list[Component]
+    connections: list[Connection]
 
 
 class Source(BaseModel):
@@ -25,10 +71,11 @@ class PlanRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: Dict[str, Any] = Field(..., description="the .neurarch.json graph")
+    model: dict[str, Any] = Field(..., description="the .neurarch.json graph (schema: Graph)")
     share: StrictBool = Field(False, description="store the graph and card at an unguessable URL")
     source: Optional[Source] = None
-    base: Optional[Dict[str, Any]] = Field(None, description="the graph being changed from: adds a diff")
+    base: Optional[dict[str, Any]] = Field(None, description="the graph being changed from (schema: Graph): "
+                                                             "adds a diff")
     seq_len: Optional[StrictInt] = Field(None, ge=1, le=2**31, description="tokens per sample for sizing")
     attention: Optional[Literal["sdpa", "flash", "eager"]] = Field(
         None, description="only eager stores the attention score matrix")
@@ -40,7 +87,7 @@ class PlanResponse(BaseModel):
     text: str = Field(..., description="the card, plain text, at most 68 columns")
     url: Optional[str] = Field(None, description="share URL, present when share was asked and stored")
     share_error: Optional[str] = Field(None, description="why no URL came back although share was asked")
-    plan: Dict[str, Any] = Field(..., description="the card's facts, machine-readable")
+    plan: dict[str, Any] = Field(..., description="the card's facts, machine-readable")
 
 
 class ErrorBody(BaseModel):

@@ -1,9 +1,14 @@
-"""The share store: shared graphs and their cards in one SQLite file, in WAL mode, thread-safe.
+"""The share store: one gzip-compressed JSON document per share, in SQLite or PostgreSQL.
 
-Each thread that touches the store gets its own connection (SQLite connections must not be used
-by two threads at once); WAL lets readers run while one writer commits, and a busy timeout makes
-concurrent writers queue instead of failing. A share id is :data:`ID_BYTES` random bytes from
-``secrets`` (144 bits), URL-safe base64: unguessable, so the link is the only key.
+A share is stored once: the exact bytes ``GET /p/<id>.json`` serves (``{"id", "created", "text",
+"graph", "plan"}``, strict JSON), gzip-compressed by the worker that planned it. The page is
+rendered from that document, and a client that accepts gzip gets the stored bytes as they are.
+
+A share id is :data:`ID_BYTES` random bytes from ``secrets`` (144 bits), URL-safe base64:
+unguessable, so the link is the only key. Each share row also holds the client it counts against
+(an IP bucket or a key's digest, never the request), its compressed size, and when it expires.
+:meth:`ShareStore.put` checks the client's quota and inserts in one transaction that holds a lock
+on that client, so the quota holds across threads, processes and replicas on one database.
 
 Only what a share stores is ever written: a plan request without ``share`` never reaches this
 module.
@@ -11,131 +16,165 @@ module.
 
 from __future__ import annotations
 
+import gzip
 import json
+import logging
+import math
 import re
-import secrets
-import sqlite3
-import threading
+import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any, List, Mapping, Optional
+from datetime import datetime
+from typing import Any, Optional
 
-__all__ = ["ID_BYTES", "Share", "ShareStore", "StoreError"]
+from neurarch_trace.server.db import Database, DatabaseError, SqliteDatabase
+
+__all__ = ["ID_BYTES", "QuotaExceeded", "Share", "ShareStore", "StoreError", "strict_json"]
+
+log = logging.getLogger("neurarch_trace.server")
 
 #: Random bytes per share id: 18 bytes = 144 bits (at least 128 asked for), 24 URL-safe characters.
 ID_BYTES = 18
 #: What an id can look like; anything else is not looked up at all.
-_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,64}")
-#: Seconds a writer waits for another writer's lock before giving up.
-BUSY_TIMEOUT_S = 30.0
+ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,64}")
+#: Expired shares deleted per write at most (the rest go with later writes).
+PURGE_BATCH = 200
+SCHEMA_VERSION = 2
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS shares (
-    id      TEXT PRIMARY KEY,
-    created TEXT NOT NULL,
-    name    TEXT NOT NULL,
-    text    TEXT NOT NULL,
-    graph   TEXT NOT NULL,
-    plan    TEXT NOT NULL
-)
-"""
+StoreError = DatabaseError
 
 
-class StoreError(Exception):
-    """The store could not be opened or written; ``str()`` is one sentence."""
+class QuotaExceeded(Exception):
+    """The client's share quota is used up; ``str()`` is one sentence."""
+
+
+def strict_json(value: Any) -> str:
+    """Compact JSON that every parser reads: non-finite numbers raise ``ValueError``."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 @dataclass(frozen=True)
 class Share:
-    """A stored share: ``graph_json`` and ``plan_json`` as stored (JSON text)."""
+    """A stored share: ``doc_gz`` is the gzip-compressed JSON document."""
 
     id: str
-    created: str
-    name: str
-    text: str
-    graph_json: str
-    plan_json: str
+    created: float
+    doc_gz: bytes
 
-    @property
-    def plan(self) -> Any:
-        return json.loads(self.plan_json)
+    def document(self) -> bytes:
+        """The JSON document, uncompressed (UTF-8)."""
+        return gzip.decompress(self.doc_gz)
+
+
+def _schema(db: Database) -> str:
+    return f"""
+CREATE TABLE IF NOT EXISTS shares (
+    id      TEXT PRIMARY KEY,
+    created DOUBLE PRECISION NOT NULL,
+    expires DOUBLE PRECISION,
+    client  TEXT NOT NULL,
+    size    BIGINT NOT NULL,
+    doc     {db.blob} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS shares_client_created ON shares (client, created);
+CREATE INDEX IF NOT EXISTS shares_expires ON shares (expires) WHERE expires IS NOT NULL;
+CREATE TABLE IF NOT EXISTS rate_buckets (
+    bucket TEXT PRIMARY KEY,
+    tat    DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rate_buckets_tat ON rate_buckets (tat);
+"""
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with non-finite floats as ``null`` (only old rows can hold them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _migrate_v1(db: SqliteDatabase) -> None:
+    """Version 1 kept graph, plan and text as three text columns; each row becomes one compressed
+    strict-JSON document (a non-finite number it held becomes ``null``)."""
+    with db.transaction(lock_key="schema") as cur:
+        columns = [row[1] for row in cur.execute("PRAGMA table_info(shares)").all()]
+        if "graph" not in columns:
+            return
+        cur.execute("ALTER TABLE shares RENAME TO shares_v1")
+        for statement in _schema(db).split(";"):
+            if statement.strip():
+                cur.execute(statement)
+        rows = cur.execute("SELECT id, created, text, graph, plan FROM shares_v1").all()
+        for share_id, created, text, graph, plan in rows:
+            stamp = datetime.fromisoformat(created).timestamp()
+            doc = strict_json({"id": share_id, "created": created, "text": text,
+                               "graph": _finite(json.loads(graph)), "plan": _finite(json.loads(plan))})
+            blob = gzip.compress(doc.encode("utf-8"), mtime=0)
+            cur.execute("INSERT INTO shares (id, created, expires, client, size, doc) "
+                        "VALUES (:id, :c, NULL, 'v1', :n, :d)", {"id": share_id, "c": stamp, "n": len(blob), "d": blob})
+        cur.execute("DROP TABLE shares_v1")
+    log.info("share database migrated to version %d (%d shares)", SCHEMA_VERSION, len(rows))
 
 
 class ShareStore:
-    """Open (creating it and its folder if needed) the SQLite file at ``path``."""
+    """Shares in ``db`` (the schema is created, or migrated from version 1, when missing)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._connections: List[sqlite3.Connection] = []
-        self._closed = False
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = self._connection()
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StoreError(f"cannot use the share database {self.path}: WAL mode is unavailable there")
-            conn.execute(_SCHEMA)
-            conn.execute("PRAGMA user_version = 1")
-        except (sqlite3.Error, OSError) as exc:
-            self.close()
-            raise StoreError(f"cannot open the share database {self.path}: {exc}") from exc
+    def __init__(self, db: Database, *, ttl_s: Optional[float] = None, quota_bytes: int = 0,
+                 quota_window_s: float = 86400.0) -> None:
+        self.db = db
+        self.ttl_s = ttl_s
+        self.quota_bytes = quota_bytes
+        self.quota_window_s = quota_window_s
+        if isinstance(db, SqliteDatabase):
+            _migrate_v1(db)
+        with db.transaction(lock_key="schema") as cur:
+            for statement in _schema(db).split(";"):
+                if statement.strip():
+                    cur.execute(statement)
 
-    def _connection(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            if self._closed:
-                raise StoreError("the share store is closed")
-            conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                   check_same_thread=False)
-            conn.execute("PRAGMA synchronous=NORMAL")  # durable with WAL except on power loss
-            self._local.conn = conn
-            with self._lock:
-                self._connections.append(conn)
-        return conn
-
-    def put(self, graph: Mapping[str, Any], plan: Mapping[str, Any], text: str) -> str:
-        """Store a share and return its new id."""
-        name = graph.get("name")
-        row_name = name if isinstance(name, str) else ""
-        graph_json = json.dumps(graph, separators=(",", ":"), ensure_ascii=False)
-        plan_json = json.dumps(plan, separators=(",", ":"), ensure_ascii=False)
-        created = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-        for _ in range(3):  # a collision of 144 random bits never happens; retrying costs nothing
-            share_id = secrets.token_urlsafe(ID_BYTES)
-            try:
-                self._connection().execute(
-                    "INSERT INTO shares (id, created, name, text, graph, plan) VALUES (?, ?, ?, ?, ?, ?)",
-                    (share_id, created, row_name, text, graph_json, plan_json),
-                )
-                return share_id
-            except sqlite3.IntegrityError:
-                continue
-            except sqlite3.Error as exc:
-                raise StoreError(f"the share could not be stored: {exc}") from exc
-        raise StoreError("the share could not be stored: no free id")
+    def put(self, share_id: str, created: float, doc_gz: bytes, client: str) -> None:
+        """Store a share. Raises :class:`QuotaExceeded` when ``client`` has stored
+        ``quota_bytes`` or more in the last ``quota_window_s``; :class:`StoreError` when the
+        database fails (nothing is stored then)."""
+        now = time.time()
+        expires = now + self.ttl_s if self.ttl_s else None
+        with self.db.transaction(lock_key="quota:" + client) as cur:
+            if self.quota_bytes:
+                used = cur.execute("SELECT COALESCE(SUM(size), 0) FROM shares WHERE client = :c AND created > :t",
+                                   {"c": client, "t": now - self.quota_window_s}).one()
+                if int(used[0]) + len(doc_gz) > self.quota_bytes:
+                    raise QuotaExceeded(_quota_sentence(self.quota_bytes, self.quota_window_s))
+            cur.execute("INSERT INTO shares (id, created, expires, client, size, doc) "
+                        "VALUES (:id, :c, :e, :cl, :n, :d)",
+                        {"id": share_id, "c": created, "e": expires, "cl": client, "n": len(doc_gz), "d": doc_gz})
+        if self.ttl_s:
+            self.purge_expired(now)
 
     def get(self, share_id: str) -> Optional[Share]:
-        """The share with ``share_id``, or ``None`` (also for an id that cannot exist)."""
-        if not _ID_PATTERN.fullmatch(share_id):
+        """The share with ``share_id``, or ``None`` (also for an id that cannot exist, or expired)."""
+        if not ID_PATTERN.fullmatch(share_id):
             return None
-        try:
-            row = self._connection().execute(
-                "SELECT id, created, name, text, graph, plan FROM shares WHERE id = ?", (share_id,)
-            ).fetchone()
-        except sqlite3.Error as exc:
-            raise StoreError(f"the share store could not be read: {exc}") from exc
-        return Share(*row) if row else None
+        with self.db.transaction() as cur:
+            row = cur.execute("SELECT id, created, doc FROM shares WHERE id = :id AND "
+                              "(expires IS NULL OR expires > :now)", {"id": share_id, "now": time.time()}).one()
+        return Share(row[0], float(row[1]), bytes(row[2])) if row else None
+
+    def purge_expired(self, now: Optional[float] = None) -> int:
+        """Delete up to :data:`PURGE_BATCH` expired shares; how many went."""
+        with self.db.transaction(write=True) as cur:
+            return cur.execute(
+                "DELETE FROM shares WHERE id IN (SELECT id FROM shares WHERE expires IS NOT NULL "
+                f"AND expires <= :now LIMIT {PURGE_BATCH})", {"now": time.time() if now is None else now}).rowcount
 
     def close(self) -> None:
-        """Close every connection this store opened, from whichever thread."""
-        with self._lock:
-            self._closed = True
-            connections, self._connections = self._connections, []
-        for conn in connections:
-            try:
-                conn.close()
-            except sqlite3.Error:
-                pass
+        self.db.close()
+
+
+def _quota_sentence(quota_bytes: int, window_s: float) -> str:
+    size = f"{quota_bytes / 2**20:g} MiB" if quota_bytes >= 2**20 else f"{quota_bytes:,} bytes"
+    window = f"{window_s / 3600:g} hours" if window_s != 86400 else "day"
+    return (f"this client's share quota ({size} compressed per {window}) is used up; "
+            "the plan was not stored")

@@ -1,42 +1,60 @@
-"""``POST /api/v1/plan``: the card and plan for a graph, stored at a share URL when asked."""
+"""``POST /api/v1/plan``: the card and plan for a graph, stored at a share URL when asked.
+
+The event loop only checks the caller, reads the body within its limit and hands the bytes to a
+worker process (:mod:`neurarch_trace.server.pool`), which parses, plans and serialises under a
+CPU budget; the share, when asked, is stored from a thread. So a large plan never holds up a
+health check or a small plan.
+"""
 
 from __future__ import annotations
 
-import functools
+import json
 import logging
-from typing import Any, Dict
+from typing import Annotated, Any
 
 import anyio.to_thread
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import Response
 
-from neurarch_trace.errors import GraphError
-from neurarch_trace.planner import make_plan
-from neurarch_trace.server.body import check_graph_counts, parse_plan_request, read_json
-from neurarch_trace.server.deps import check_caller, get_settings, get_store
+from neurarch_trace.server.body import read_body
+from neurarch_trace.server.deps import Caller, check_caller, get_pool, get_settings, get_store
 from neurarch_trace.server.errors import ApiError
+from neurarch_trace.server.pool import Busy, PlanPool
 from neurarch_trace.server.schemas import ErrorBody, PlanResponse
 from neurarch_trace.server.settings import Settings
-from neurarch_trace.server.store import ShareStore, StoreError
+from neurarch_trace.server.store import QuotaExceeded, ShareStore, StoreError
 
 __all__ = ["router"]
 
 log = logging.getLogger("neurarch_trace.server")
 router = APIRouter(tags=["plan"])
 
-_ERRORS: Dict[int, Dict[str, Any]] = {
+_ERRORS: dict[int, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
     for status, description in (
-        (400, "malformed JSON or nesting too deep"),
+        (400, "malformed JSON, a non-finite number, or nesting too deep"),
         (401, "an Authorization header with a key this service does not know"),
-        (413, "body or graph larger than this service accepts"),
-        (415, "a body that is not JSON"),
+        (408, "the request was not received in time"),
+        (413, "body larger than this service accepts, or a plan over its CPU budget"),
+        (415, "a body that is not declared JSON, or a compressed body"),
         (422, "wrong field types, no 'model', or a 'model' that is not a graph"),
         (429, "anonymous rate limit reached (Retry-After says when to retry)"),
         (500, "unexpected fault"),
+        (503, "every worker busy or the database unreachable (Retry-After says when to retry)"),
     )
 }
+
+
+async def _store_share(store: ShareStore, result: Any, caller: Caller, settings: Settings) -> dict[str, str]:
+    share_id, created, doc_gz = result.share
+    try:
+        await anyio.to_thread.run_sync(store.put, share_id, created, doc_gz, caller.bucket)
+    except QuotaExceeded as exc:
+        return {"share_error": str(exc)}
+    except StoreError as exc:
+        log.error("share not stored: %s", exc)
+        return {"share_error": "the plan service could not store the share; nothing was stored"}
+    return {"url": f"{settings.resolved_public_url()}/p/{share_id}"}
 
 
 @router.post(
@@ -53,29 +71,20 @@ _ERRORS: Dict[int, Dict[str, Any]] = {
 )
 async def plan(
     request: Request,
-    caller: str = Depends(check_caller),
-    settings: Settings = Depends(get_settings),
-    store: ShareStore = Depends(get_store),
-) -> JSONResponse:
-    body = parse_plan_request(await read_json(request, settings))
-    check_graph_counts(body.model, "model", settings)
-    if body.base is not None:
-        check_graph_counts(body.base, "base", settings)
-    source = body.source.model_dump() if body.source is not None else None
+    caller: Annotated[Caller, Depends(check_caller)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    store: Annotated[ShareStore, Depends(get_store)],
+    pool: Annotated[PlanPool, Depends(get_pool)],
+) -> Response:
+    raw = await read_body(request, settings)
     try:
-        answer = await anyio.to_thread.run_sync(
-            functools.partial(make_plan, body.model, source=source, base=body.base, seq_len=body.seq_len,
-                              attention=body.attention),
-            limiter=request.app.state.plan_limiter)
-    except GraphError as exc:
-        raise ApiError(422, str(exc)) from None
-    result: Dict[str, Any] = {"text": answer["text"], "plan": answer["plan"]}
-    if body.share:
-        try:
-            share_id = await run_in_threadpool(store.put, body.model, answer["plan"], answer["text"])
-        except StoreError as exc:
-            log.error("share not stored: %s", exc)
-            result["share_error"] = "the plan service could not store the share; nothing was stored"
-        else:
-            result["url"] = f"{settings.resolved_public_url()}/p/{share_id}"
-    return JSONResponse(result)
+        result = await pool.plan(raw)
+    except Busy as exc:
+        raise ApiError(503, str(exc), {"Retry-After": str(exc.retry_after)}) from None
+    if result.status != 200:
+        raise ApiError(result.status, result.sentence)
+    body = result.body
+    if result.share is not None:
+        extra = await _store_share(store, result, caller, settings)
+        body = body[:-1] + b"," + json.dumps(extra, separators=(",", ":"))[1:].encode("utf-8")
+    return Response(body, media_type="application/json")
