@@ -33,7 +33,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional
 
-from neurarch_trace.server import work
+import neurarch_trace.server.work as work
 from neurarch_trace.server.settings import Settings
 from neurarch_trace.server.work import JobResult
 
