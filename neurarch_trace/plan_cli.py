@@ -97,6 +97,33 @@ def _add_share_base_fail(group: Any) -> None:
         help="the attention kernel training will use (default sdpa); only eager keeps the "
         "attention score matrices in memory",
     )
+    group.add_argument(
+        "--finetune",
+        type=_finetune,
+        default=None,
+        metavar="MODE",
+        help="what the card's fit and cost size: full training (default), lora or qlora fine-tuning",
+    )
+    group.add_argument(
+        "--context",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="tokens of context to size serving for (default: the model's maximum, else the traced length)",
+    )
+    group.add_argument(
+        "--gpu",
+        default=None,
+        metavar="NAME[xN]",
+        help="plan for this card or cluster only, e.g. H100, H100x8, RTX-4090 (cards you own included)",
+    )
+    group.add_argument(
+        "--usd-per-hour",
+        type=_price,
+        default=None,
+        metavar="USD",
+        help="price per GPU-hour of the --gpu card, for a card without a list price",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -107,6 +134,25 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
     return value
+
+
+def _finetune(text: str) -> str:
+    if text not in ("full", "lora", "qlora"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fine-tuning mode: use full, lora or qlora")
+    return text
+
+
+def _price(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of dollars per GPU-hour") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive price per GPU-hour")
+    return value
+
+
+_SIZING = (("finetune", "finetune"), ("context", "context"), ("gpu", "gpu"), ("usd_per_hour", "usd_per_hour"))
 
 
 def wants_plan(args: argparse.Namespace) -> bool:
@@ -131,7 +177,8 @@ def check_plan_arguments(args: argparse.Namespace) -> Optional[dict]:
     if not wants_plan(args):
         if base_path is not None:
             raise NeurarchError("--base needs --plan or --share: it is what the plan's diff compares to")
-        for flag, dest in (("--seq-len", "seq_len"), ("--attention", "attention")):
+        for flag, dest in (("--seq-len", "seq_len"), ("--attention", "attention"), ("--finetune", "finetune"),
+                           ("--context", "context"), ("--gpu", "gpu"), ("--usd-per-hour", "usd_per_hour")):
             if getattr(args, dest, None) is not None:
                 raise NeurarchError(f"{flag} needs --plan or --share: it sizes the plan")
         if getattr(args, "fail_on_block", False):
@@ -143,6 +190,8 @@ def check_plan_arguments(args: argparse.Namespace) -> Optional[dict]:
             f"-o - cannot be combined with {flag}: stdout carries the card; "
             "write the graph to a file with -o FILE"
         )
+    if getattr(args, "usd_per_hour", None) is not None and getattr(args, "gpu", None) is None:
+        raise NeurarchError("--usd-per-hour needs --gpu: it prices the card named there")
     check_api()
     if base_path is None:
         return None
@@ -181,6 +230,7 @@ def run_plan(
         verbose=bool(getattr(args, "verbose", False)),
         seq_len=getattr(args, "seq_len", None),
         attention=getattr(args, "attention", None),
+        sizing={key: getattr(args, dest, None) for key, dest in _SIZING},
     )
 
 
@@ -249,6 +299,7 @@ def _plan_command(args: argparse.Namespace) -> int:
         verbose=args.verbose,
         seq_len=args.seq_len,
         attention=args.attention,
+        sizing={key: getattr(args, dest) for key, dest in _SIZING},
     )
 
 
@@ -263,10 +314,12 @@ def _plan_and_print(
     verbose: bool,
     seq_len: Optional[int] = None,
     attention: Optional[str] = None,
+    sizing: Optional[dict] = None,
 ) -> int:
     print(_notice(graph, base, share), file=sys.stderr, flush=True)
     try:
-        answer = request_plan(graph, share=share, base=base, source=source, seq_len=seq_len, attention=attention)
+        answer = request_plan(graph, share=share, base=base, source=source, seq_len=seq_len, attention=attention,
+                              **{k: v for k, v in (sizing or {}).items() if v is not None})
     except NeurarchError as err:
         if verbose:
             traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)

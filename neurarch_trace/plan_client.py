@@ -67,6 +67,7 @@ DEFAULT_TIMEOUT = 30.0
 
 PLAN_PATH = "/api/v1/plan"
 ATTENTION_KINDS = ("sdpa", "flash", "eager")
+FINETUNE_MODES = ("full", "lora", "qlora")
 _MAX_SERVER_SENTENCE = 300  # characters of a server's error sentence kept in our one line
 
 
@@ -271,6 +272,10 @@ def request_plan(
     source: Optional[Mapping[str, Any]] = None,
     seq_len: Optional[int] = None,
     attention: Optional[str] = None,
+    finetune: Optional[str] = None,
+    context: Optional[int] = None,
+    gpu: Optional[str] = None,
+    usd_per_hour: Optional[float] = None,
     api: Optional[str] = None,
     api_key: Optional[str] = None,
     timeout: float = DEFAULT_TIMEOUT,
@@ -285,6 +290,12 @@ def request_plan(
         source: where the graph came from (see :func:`trace_source`); sent as is.
         seq_len: tokens per sample for sizing, a positive int.
         attention: ``"sdpa"``, ``"flash"`` or ``"eager"`` (only eager stores the score matrix).
+        finetune: ``"full"`` (the service's default), ``"lora"`` or ``"qlora"``: what the card's fit
+            and cost size.
+        context: tokens of context to size serving for, a positive int.
+        gpu: plan for one card or cluster only: ``"H100"``, ``"H100x8"``, ``"RTX-4090"``; the service
+            says when it does not know the name.
+        usd_per_hour: price per GPU-hour of ``gpu`` (for a card without a list price), a positive number.
         api: service address; default :func:`api_base` (``NEURARCH_API`` or the hosted service).
         api_key: bearer token; None reads ``NEURARCH_API_KEY``, ``""`` sends no key.
         timeout: seconds allowed to connect and to wait for each piece of the answer (default 30).
@@ -294,7 +305,8 @@ def request_plan(
         ``share_error`` says why; that is not an exception, the card is still good.
 
     Raises:
-        ValueError: ``seq_len``, ``attention`` or ``timeout`` out of range (a programming error).
+        ValueError: ``seq_len``, ``attention``, ``finetune``, ``context``, ``gpu``, ``usd_per_hour`` or
+            ``timeout`` out of range (a programming error).
         GraphError: ``graph`` or ``base`` is not a dict, or holds a value JSON cannot carry.
         PlanError: ``api`` (or ``NEURARCH_API``) is not an http(s) URL. Subclasses:
             :class:`PlanConnectionError`, :class:`PlanTimeoutError`, :class:`PlanStatusError`,
@@ -307,6 +319,7 @@ def request_plan(
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    _check_sizing(finetune, context, gpu, usd_per_hour)
 
     base_url = check_api(api)
     host = api_host(base_url)
@@ -320,6 +333,9 @@ def request_plan(
         body["seq_len"] = seq_len
     if attention is not None:
         body["attention"] = attention
+    for name, value in (("finetune", finetune), ("context", context), ("gpu", gpu), ("usd_per_hour", usd_per_hour)):
+        if value is not None:
+            body[name] = value
     try:
         payload = json.dumps(body, allow_nan=False, separators=(",", ":")).encode("utf-8")
     except (TypeError, ValueError) as exc:
@@ -339,6 +355,19 @@ def request_plan(
     if not 200 <= response.status_code < 300:
         raise _status_error(response, host=host, key_sent=bool(key))
     return _parse_answer(response, host=host, share=bool(share))
+
+
+def _check_sizing(finetune: Any, context: Any, gpu: Any, usd_per_hour: Any) -> None:
+    """The sizing options' types and ranges (the service checks the values it knows, such as GPU names)."""
+    if finetune is not None and finetune not in FINETUNE_MODES:
+        raise ValueError(f"finetune must be one of {', '.join(FINETUNE_MODES)}, got {finetune!r}")
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+        raise ValueError(f"context must be a positive int, got {context!r}")
+    if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
+        raise ValueError(f"gpu must be a card name such as H100 or H100x8, got {gpu!r}")
+    if usd_per_hour is not None and (isinstance(usd_per_hour, bool) or not isinstance(usd_per_hour, (int, float))
+                                     or not math.isfinite(usd_per_hour) or usd_per_hour <= 0):
+        raise ValueError(f"usd_per_hour must be a positive number, got {usd_per_hour!r}")
 
 
 def _graph_dict(graph: Any, what: str) -> dict:

@@ -36,10 +36,10 @@ from neurarch_trace.planner.memory import (
     MASTER_WEIGHT_BYTES,
     WEIGHT16_BYTES,
 )
-from neurarch_trace.planner.sizing import check_options, sizing
+from neurarch_trace.planner.sizing import OptionError, check_options, sizing
 from neurarch_trace.planner.sizing_fields import cost_fields, finetune_fields, fit_fields, serve_fields
 
-__all__ = ["ATTENTION_MODES", "GraphError", "PLAN_SCHEMA", "make_plan", "target_label"]
+__all__ = ["ATTENTION_MODES", "GraphError", "OptionError", "PLAN_SCHEMA", "make_plan", "target_label"]
 
 #: Identifies the layout of the ``plan`` object (bumped on an incompatible change).
 PLAN_SCHEMA = "neurarch-plan/1"
@@ -121,7 +121,9 @@ def make_plan(
     model's own maximum, else the traced length); ``gpu`` ``NAME`` or ``NAMExN``: plan for that card
     or cluster only; ``usd_per_hour`` its price per GPU-hour (needed for a card without a list
     price). Returns ``{"text": card, "plan": {...}}``. Raises :class:`GraphError` when ``graph`` or
-    ``base`` is not a graph, ``ValueError`` (one sentence) for a bad option.
+    ``base`` is not a graph, ``ValueError`` (one sentence) for a bad option: :class:`OptionError`
+    for ``finetune``, ``context``, ``gpu`` and ``usd_per_hour`` (an unknown ``gpu`` names the
+    known cards).
     """
     _check_options(seq_len, attention)
     options = check_options(finetune, context, gpu, usd_per_hour)

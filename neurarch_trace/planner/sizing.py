@@ -18,12 +18,16 @@ from neurarch_trace.planner.gpus import Gpu, GpuRequest, GpuTable, gpu_table, pa
 from neurarch_trace.planner.serve import Serve, serve_all
 from neurarch_trace.planner.strategy import Setup, footprint
 
-__all__ = ["MAX_CONTEXT", "MAX_USD_PER_HOUR", "Options", "Sizing", "check_options", "sizing"]
+__all__ = ["MAX_CONTEXT", "MAX_USD_PER_HOUR", "OptionError", "Options", "Sizing", "check_options", "sizing"]
 
 #: Largest context accepted (2^31 tokens, as ``seq_len``).
 MAX_CONTEXT = 2**31
 #: Largest price per GPU-hour accepted: above any GPU's on-demand price by far.
 MAX_USD_PER_HOUR = 10_000.0
+
+
+class OptionError(ValueError):
+    """A sizing option the plan cannot take; ``str(err)`` is one sentence saying which and why."""
 
 
 @dataclass(frozen=True)
@@ -44,23 +48,34 @@ def _is_int(value: object) -> bool:
 
 def check_options(finetune: str | None = None, context: int | None = None, gpu: str | None = None,
                   usd_per_hour: float | None = None, table: GpuTable | None = None) -> Options:
-    """The options as :class:`Options`; raises ``ValueError`` with one sentence for a bad value:
+    """The options as :class:`Options`; raises :class:`OptionError` (a ``ValueError``) with one
+    sentence for a bad value:
     a ``finetune`` not in ``full``/``lora``/``qlora``, a ``context`` that is not a positive integer
     of at most 2^31, an unknown ``gpu`` (the sentence names the known cards), a ``usd_per_hour``
     that is not a positive number, or a ``usd_per_hour`` without a ``gpu`` to price."""
+    try:
+        return _options(finetune, context, gpu, usd_per_hour, table)
+    except OptionError:
+        raise
+    except ValueError as exc:  # parse_gpu's sentence
+        raise OptionError(str(exc)) from None
+
+
+def _options(finetune: str | None, context: int | None, gpu: str | None, usd_per_hour: float | None,
+             table: GpuTable | None) -> Options:
     mode = "full" if finetune is None else finetune
     if mode not in MODES:
-        raise ValueError(f"finetune must be one of full, lora or qlora, not {finetune!r}")
+        raise OptionError(f"finetune must be one of full, lora or qlora, not {finetune!r}")
     if context is not None and (not _is_int(context) or not 1 <= context <= MAX_CONTEXT):
-        raise ValueError(f"context must be a positive integer of at most 2^31 tokens, not {context!r}")
+        raise OptionError(f"context must be a positive integer of at most 2^31 tokens, not {context!r}")
     if usd_per_hour is not None:
         if (isinstance(usd_per_hour, bool) or not isinstance(usd_per_hour, (int, float))
                 or not math.isfinite(usd_per_hour) or not 0 < usd_per_hour <= MAX_USD_PER_HOUR):
-            raise ValueError(f"usd_per_hour must be a positive number of dollars per GPU-hour, not {usd_per_hour!r}")
+            raise OptionError(f"usd_per_hour must be a positive number of dollars per GPU-hour, not {usd_per_hour!r}")
         if gpu is None:
-            raise ValueError("usd_per_hour prices the card named by gpu: give gpu too")
+            raise OptionError("usd_per_hour prices the card named by gpu: give gpu too")
     if gpu is not None and not isinstance(gpu, str):
-        raise ValueError(f"gpu must be a card name such as H100 or H100x8, not {gpu!r}")
+        raise OptionError(f"gpu must be a card name such as H100 or H100x8, not {gpu!r}")
     request = parse_gpu(gpu, table, usd_per_hour) if gpu is not None else None
     return Options(mode, DEFAULT_RANK, context, request, usd_per_hour)
 

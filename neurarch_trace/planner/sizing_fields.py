@@ -100,7 +100,7 @@ def _assumptions(a: Analysis, s: Sizing, setup: Setup, batch: int, attention: st
                   "parameter, the stage's share divided over the GPUs"
                   + (", plus the largest layer gathered (4 bytes per parameter)" if setup.strategy == "zero3" else ""))
     else:
-        base = "NF4 base at {:.3f} bits per weight (double quantisation)".format(NF4_BITS) if t.mode == "qlora" \
+        base = f"NF4 base at {NF4_BITS:.3f} bits per weight (double quantisation)" if t.mode == "qlora" \
             else "16-bit frozen base"
         states = (f"{base}, rank-{t.rank} adapters at 18 bytes per parameter"
                   + (f", {strategy_text(setup.strategy, False)}" if setup.gpus > 1 else ""))

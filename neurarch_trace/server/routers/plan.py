@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from neurarch_trace.errors import GraphError
-from neurarch_trace.planner import make_plan
+from neurarch_trace.planner import OptionError, make_plan
 from neurarch_trace.server.body import check_graph_counts, parse_plan_request, read_json
 from neurarch_trace.server.deps import check_caller, get_settings, get_store
 from neurarch_trace.server.errors import ApiError
@@ -65,9 +65,10 @@ async def plan(
     try:
         answer = await anyio.to_thread.run_sync(
             functools.partial(make_plan, body.model, source=source, base=body.base, seq_len=body.seq_len,
-                              attention=body.attention),
+                              attention=body.attention, finetune=body.finetune, context=body.context,
+                              gpu=body.gpu, usd_per_hour=body.usd_per_hour),
             limiter=request.app.state.plan_limiter)
-    except GraphError as exc:
+    except (GraphError, OptionError) as exc:  # a bad graph, or a bad option (an unknown gpu)
         raise ApiError(422, str(exc)) from None
     result: Dict[str, Any] = {"text": answer["text"], "plan": answer["plan"]}
     if body.share:
