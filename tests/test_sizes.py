@@ -120,8 +120,8 @@ def test_kv_layout_from_the_linears(llama7b: Dict[str, Any], llama70b: Dict[str,
 def test_kv_formula_reproduces_the_paged_attention_paper() -> None:
     """Kwon et al. 2023, section 3: OPT-13B's KV cache is 2 x 5120 x 40 x 2 = 800 KB per token."""
     comps = [{"id": "ids", "name": "ids", "type": "input", "params": {"shape": [8]}, "outputShape": [8]},
-             {"id": "emb", "name": "embed_tokens", "type": "embedding", "params": {"vocabSize": 50272, "embeddingDim": 5120},
-              "inputShape": [8], "outputShape": [8, 5120]}]
+             {"id": "emb", "name": "embed_tokens", "type": "embedding",
+              "params": {"vocabSize": 50272, "embeddingDim": 5120}, "inputShape": [8], "outputShape": [8, 5120]}]
     for i in range(40):
         for leaf in ("q_proj", "k_proj", "v_proj", "out_proj"):
             comps.append({"id": f"l{i}{leaf}", "name": f"decoder.layers.{i}.self_attn.{leaf}", "type": "linear",
@@ -162,7 +162,8 @@ def test_llama7b_full_training_needs_zero_over_several_gpus(llama7b: Dict[str, A
     training = cost["training"]
     flops = 3 * 29_261_612_187_648 * 1e9 / TOKENS
     assert training["flops"] == pytest.approx(flops, rel=1e-12) == pytest.approx(4.2863689728e19)
-    assert training["gpuHours"] == pytest.approx(flops / H100_FLOPS / 3600, rel=1e-12) == pytest.approx(30.0854, rel=1e-5)
+    assert training["gpuHours"] == pytest.approx(flops / H100_FLOPS / 3600, rel=1e-12)
+    assert training["gpuHours"] == pytest.approx(30.0854, rel=1e-5)
     assert training["hours"] == pytest.approx(training["gpuHours"] / 2, rel=1e-12)
     assert training["usd"] == pytest.approx(training["gpuHours"] * 3.95, rel=1e-12) == pytest.approx(118.837, rel=1e-5)
     assert (training["flopsFactor"], training["recompute"], training["clusterUsdPerHour"]) == (3.0, False, 7.9)
@@ -186,7 +187,8 @@ def test_llama70b_full_training_cluster(llama70b: Dict[str, Any]) -> None:
     # states: 16.8 -> 24 GPUs (whole 8-GPU nodes past 8)
     assert acts_ckpt == pytest.approx(5_974_802_432)
     assert (fit["gpu"], fit["gpus"], fit["strategy"], fit["batch"]) == ("H200", 24, "zero3", 1)
-    assert fit["peakGb"] == pytest.approx((states / 24 + fixed + acts) / 1e9, rel=1e-12) == pytest.approx(102.58, rel=1e-4)
+    assert fit["peakGb"] == pytest.approx((states / 24 + fixed + acts) / 1e9, rel=1e-12)
+    assert fit["peakGb"] == pytest.approx(102.58, rel=1e-4)
     assert fit["totalMemoryGb"] == 24 * 141 >= states / 1e9
     # 3 x 295.67 TFLOPs x 1e9 / 2048 = 4.331e20 FLOPs / (989.4e12 x 0.4) = 304.0 GPU-h x $4.54
     training = plan["cost"]["training"]
@@ -224,7 +226,8 @@ def test_llama70b_qlora_numbers(llama70b: Dict[str, Any]) -> None:
     plan = plan_of(llama70b, finetune="qlora")
     ft = plan["finetune"]
     assert QUANTIZED_70B == 68_451_041_280 and ADAPTERS_70B == 207_093_760
-    assert (ft["mode"], ft["rank"], ft["trainableParams"], ft["quantizedParams"]) == ("qlora", 16, ADAPTERS_70B, QUANTIZED_70B)
+    assert (ft["mode"], ft["rank"]) == ("qlora", 16)
+    assert (ft["trainableParams"], ft["quantizedParams"]) == (ADAPTERS_70B, QUANTIZED_70B)
     assert ft["adaptedLayers"] == 80 * 7  # q, k, v, o, gate, up, down; not the LM head
     # base: the block linears in NF4, the 2,102,665,216 others (embedding, LM head, norms) in 16 bits
     base = QUANTIZED_70B * NF4 + (P70 - QUANTIZED_70B) * 2
@@ -257,7 +260,8 @@ def test_llama70b_qlora_fits_one_80gb_card_not_one_48gb_card(llama70b: Dict[str,
     for card in ("A100-80", "H100"):
         fit = plan_of(llama70b, finetune="qlora", gpu=card)["fit"]
         assert (fit["gpu"], fit["gpus"], fit["strategy"], fit["batch"]) == (card, 1, "single+ckpt", 4)
-        assert fit["peakGb"] == pytest.approx((static + 4 * per_sample) / 1e9, rel=1e-12) == pytest.approx(68.76, rel=1e-4)
+        assert fit["peakGb"] == pytest.approx((static + 4 * per_sample) / 1e9, rel=1e-12)
+        assert fit["peakGb"] == pytest.approx(68.76, rel=1e-4)
     # a 48 GB card: the 44.71 GB static part alone, x 1.15 = 51.4 GB, exceeds it; two with ZeRO-3
     # divide the base. (The QLoRA paper's 65B on one 48 GB GPU is LLaMA-65B, whose 32,000-token
     # vocabulary keeps 1.05 GB in 16 bits where LLaMA-3-70B's 128,256 keep 4.2 GB.)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Literal, Optional, Union
+from typing import Any, Dict, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -37,7 +37,7 @@ class PlanRequest(BaseModel):
     context: Optional[StrictInt] = Field(None, ge=1, le=2**31, description="tokens of context for serving")
     gpu: Optional[StrictStr] = Field(None, max_length=64,
                                      description="plan for this card or cluster only: NAME or NAMExN, e.g. H100x8")
-    usd_per_hour: Optional[Union[StrictInt, StrictFloat]] = Field(
+    usd_per_hour: Optional[StrictFloat] = Field(
         None, gt=0, le=10_000, description="price per GPU-hour of the gpu asked for (cards without a list price)")
 
 
