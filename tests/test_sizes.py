@@ -24,7 +24,7 @@ import copy
 import gzip
 import json
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -44,22 +44,22 @@ H100_FLOPS = 989.4e12 * 0.40  # dense bf16 x MFU
 A100_FLOPS = 312e12 * 0.40
 
 
-def load_gz(name: str) -> Dict[str, Any]:
+def load_gz(name: str) -> dict[str, Any]:
     with gzip.open(DATA / f"{name}.neurarch.json.gz", "rt", encoding="utf-8") as f:
         return json.load(f)
 
 
 @pytest.fixture(scope="module")
-def llama7b() -> Dict[str, Any]:
+def llama7b() -> dict[str, Any]:
     return load_gz("llama7b_meta2048")
 
 
 @pytest.fixture(scope="module")
-def llama70b() -> Dict[str, Any]:
+def llama70b() -> dict[str, Any]:
     return load_gz("llama3_70b_meta2048")
 
 
-def plan_of(doc: Dict[str, Any], **kwargs: Any) -> Dict[str, Any]:
+def plan_of(doc: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     return make_plan(doc, **kwargs)["plan"]
 
 
@@ -77,7 +77,7 @@ PER_TOKEN_LAYER_7B = (9 * 4096 + 3 * 11008) * 2  # 139,776 B
 PER_TOKEN_LAYER_70B = (7 * 8192 + 2 * 1024 + 3 * 28672) * 2  # 290,816 B
 
 
-def test_the_graphs_blocks_and_activations(llama7b: Dict[str, Any], llama70b: Dict[str, Any]) -> None:
+def test_the_graphs_blocks_and_activations(llama7b: dict[str, Any], llama70b: dict[str, Any]) -> None:
     a = analyse(llama7b)
     assert a.counts.params == P7 and a.work.traced_tokens == TOKENS
     b = find_blocks(a.graph, a.counts)
@@ -103,7 +103,7 @@ def test_the_graphs_blocks_and_activations(llama7b: Dict[str, Any], llama70b: Di
     assert b70.largest_layer_params == 128256 * 8192 == 1_050_673_152
 
 
-def test_kv_layout_from_the_linears(llama7b: Dict[str, Any], llama70b: Dict[str, Any]) -> None:
+def test_kv_layout_from_the_linears(llama7b: dict[str, Any], llama70b: dict[str, Any]) -> None:
     # k_proj and v_proj outFeatures = kv_heads x head_dim; the rotary embedding's output is one
     # angle per head dimension (128): 7B 4096 / 128 = 32 KV heads, 70B 1024 / 128 = 8
     for doc, layers, heads in ((llama7b, 32, 32), (llama70b, 80, 8)):
@@ -136,7 +136,7 @@ def test_kv_formula_reproduces_the_paged_attention_paper() -> None:
 # --- 1. full training: a ZeRO cluster -------------------------------------------------------------
 
 
-def test_llama7b_full_training_needs_zero_over_several_gpus(llama7b: Dict[str, Any]) -> None:
+def test_llama7b_full_training_needs_zero_over_several_gpus(llama7b: dict[str, Any]) -> None:
     plan = plan_of(llama7b)
     fit = plan["fit"]
     # ZeRO's model states, 16 B per parameter, alone exceed one 80 GB card: 107.8 GB
@@ -174,7 +174,7 @@ def test_llama7b_full_training_needs_zero_over_several_gpus(llama7b: Dict[str, A
     assert row("", "15.0 h on 2 GPUs at 40% of 989.4 TFLOPS bf16") in lines
 
 
-def test_llama70b_full_training_cluster(llama70b: Dict[str, Any]) -> None:
+def test_llama70b_full_training_cluster(llama70b: dict[str, Any]) -> None:
     plan = plan_of(llama70b)
     fit = plan["fit"]
     states = 16 * P70  # 1,128.9 GB of ZeRO model states
@@ -204,7 +204,7 @@ def test_llama70b_full_training_cluster(llama70b: Dict[str, Any]) -> None:
     assert h100["cost"]["training"]["flopsFactor"] == 4.0  # one more forward pass: +33%
 
 
-def test_a_fixed_cluster_too_small_says_what_would_hold(llama70b: Dict[str, Any]) -> None:
+def test_a_fixed_cluster_too_small_says_what_would_hold(llama70b: dict[str, Any]) -> None:
     plan = plan_of(llama70b, gpu="A100-80x8")
     assert plan["fit"]["fits"] is False and plan["cost"]["training"] is None
     # ZeRO-3 + checkpointing on A100-80s: (80 / 1.15 - 11.18 GB) = 58.39 GB per GPU for 1,128.9 GB
@@ -222,7 +222,7 @@ ADAPTERS_70B = 80 * 16 * (2 * (8192 + 8192) + 2 * (8192 + 1024) + 3 * (8192 + 28
 NF4 = (4 + 8 / 64 + 32 / (64 * 256)) / 8  # bytes per weight: 4.127 bits
 
 
-def test_llama70b_qlora_numbers(llama70b: Dict[str, Any]) -> None:
+def test_llama70b_qlora_numbers(llama70b: dict[str, Any]) -> None:
     plan = plan_of(llama70b, finetune="qlora")
     ft = plan["finetune"]
     assert QUANTIZED_70B == 68_451_041_280 and ADAPTERS_70B == 207_093_760
@@ -252,7 +252,7 @@ def test_llama70b_qlora_numbers(llama70b: Dict[str, Any]) -> None:
     assert row("", "adapters on 560 linear layers, NF4 base 39.5 GB") in text
 
 
-def test_llama70b_qlora_fits_one_80gb_card_not_one_48gb_card(llama70b: Dict[str, Any]) -> None:
+def test_llama70b_qlora_fits_one_80gb_card_not_one_48gb_card(llama70b: dict[str, Any]) -> None:
     # One A100-80: with checkpointing, per sample 50.38 - 44.37 = 6.01 GB; batch 4: 44.71 + 24.05 =
     # 68.76 GB, x 1.15 = 79.1 <= 80 (batch 8: 92.8 GB)
     static = QUANTIZED_70B * NF4 + (P70 - QUANTIZED_70B) * 2 + 18 * ADAPTERS_70B + 2 * 8192 * 28672 + 1e9 + 512
@@ -271,7 +271,7 @@ def test_llama70b_qlora_fits_one_80gb_card_not_one_48gb_card(llama70b: Dict[str,
     assert plan_of(llama70b, finetune="qlora", gpu="L40Sx1")["fit"]["fits"] is False
 
 
-def test_llama7b_lora_and_qlora(llama7b: Dict[str, Any]) -> None:
+def test_llama7b_lora_and_qlora(llama7b: dict[str, Any]) -> None:
     adapters = 32 * 16 * (4 * (4096 + 4096) + 3 * (4096 + 11008))
     quantized = 32 * (4 * 4096**2 + 3 * 4096 * 11008)
     acts = 9_850_339_328 + 224 * TOKENS * 16 * 2
@@ -305,7 +305,7 @@ def test_lora_without_linear_layers_says_so_on_the_card() -> None:
 # --- 3. serving -----------------------------------------------------------------------------------
 
 
-def test_llama7b_serves_in_bf16_on_one_24gb_card_at_a_short_context(llama7b: Dict[str, Any]) -> None:
+def test_llama7b_serves_in_bf16_on_one_24gb_card_at_a_short_context(llama7b: dict[str, Any]) -> None:
     plan = plan_of(llama7b)
     s = plan["serve"]
     weights = P7 * 2 + 512  # bf16 + buffers
@@ -338,7 +338,7 @@ def test_llama7b_serves_in_bf16_on_one_24gb_card_at_a_short_context(llama7b: Dic
     assert (big.gpu.id, big.gpus) == ("H200", 8)
 
 
-def test_llama70b_serving(llama70b: Dict[str, Any]) -> None:
+def test_llama70b_serving(llama70b: dict[str, Any]) -> None:
     plan = plan_of(llama70b)
     s = plan["serve"]
     weights = P70 * 2 + 512
@@ -372,7 +372,7 @@ def test_context_defaults_to_the_position_table() -> None:
 # --- 4. the user's own hardware -------------------------------------------------------------------
 
 
-def test_owned_cards_fit_and_batch_and_cost_only_with_a_price(llama7b: Dict[str, Any]) -> None:
+def test_owned_cards_fit_and_batch_and_cost_only_with_a_price(llama7b: dict[str, Any]) -> None:
     table = gpu_table()
     own = {c.id: (c.memory_gb, c.usd_per_hour, c.peak_tflops) for c in table.own_cards}
     assert own == {"RTX-4090": (24, None, 165.2), "RTX-3090": (24, None, 71), "RTX-A6000": (48, None, 154.8),
@@ -408,7 +408,7 @@ def test_gpu_names_and_counts() -> None:
     ({"usd_per_hour": 1.0}, "usd_per_hour prices the card named by gpu: give gpu too"),
     ({"gpu": "L40", "usd_per_hour": 0}, "usd_per_hour must be a positive number of dollars per GPU-hour, not 0"),
 ])
-def test_bad_options_are_one_sentence(kwargs: Dict[str, Any], sentence: str) -> None:
+def test_bad_options_are_one_sentence(kwargs: dict[str, Any], sentence: str) -> None:
     doc = json.loads((DATA / "mlp.neurarch.json").read_text())
     with pytest.raises(OptionError) as info:
         make_plan(doc, **kwargs)
@@ -425,7 +425,7 @@ def test_small_models_stay_on_one_gpu(name: str) -> None:
     assert plan["fit"]["gpu"] == "T4"
 
 
-def test_every_new_card_fits_68_columns(llama7b: Dict[str, Any], llama70b: Dict[str, Any]) -> None:
+def test_every_new_card_fits_68_columns(llama7b: dict[str, Any], llama70b: dict[str, Any]) -> None:
     requests = [{}, {"finetune": "lora"}, {"finetune": "qlora"}, {"gpu": "RTX-4090"}, {"gpu": "A100-80x8"},
                 {"gpu": "L40x2", "usd_per_hour": 0.9, "finetune": "qlora"}, {"context": 131_072}]
     for doc in (llama7b, llama70b):

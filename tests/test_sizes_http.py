@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -27,12 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 KNOWN = "T4, L4, A10G, L40S, A100-40, A100-80, H100, H200, RTX-4090, RTX-3090, RTX-A6000, L40"
 
 
-def llama7b() -> Dict[str, Any]:
+def llama7b() -> dict[str, Any]:
     with gzip.open(DATA / "llama7b_meta2048.neurarch.json.gz", "rt", encoding="utf-8") as f:
         return json.load(f)
 
 
-def mlp() -> Dict[str, Any]:
+def mlp() -> dict[str, Any]:
     return json.loads((DATA / "mlp.neurarch.json").read_text())
 
 
