@@ -121,7 +121,8 @@ def _cluster_fit_rows(fit: Mapping[str, Any]) -> List[str]:
     if fit["checkpointing"]:
         rows.append(_CHECKPOINT)
     if fit["borderline"]:
-        rows.append(f"borderline: {units.gb(fit['needGb'] * 1e9)} per GPU with x{fit['headroom']:g} headroom")
+        per = " per GPU" if fit["gpus"] > 1 else ""
+        rows.append(f"borderline: needs {units.gb(fit['needGb'] * 1e9)}{per} with x{fit['headroom']:g} headroom")
     return _row("GPU fit", *rows)
 
 
@@ -157,23 +158,31 @@ def _fit_rows(fit: Mapping[str, Any]) -> List[str]:
                 f"{largest['memoryGb']:g} GB)", *_needs_text(fit, "nor do 64 GPUs: "))
 
 
+def _gpu_hours(hours: float) -> str:
+    """``0.04 GPU-h``, ``30.1 GPU-h``, ``1,234 GPU-h``."""
+    if hours < 10:
+        return f"{hours:.2f} GPU-h"
+    return f"{hours:.1f} GPU-h" if hours < 100 else f"{hours:,.0f} GPU-h"
+
+
 def _cluster_cost_rows(training: Mapping[str, Any]) -> List[str]:
     """Cost on several GPUs, or on a card without a price, or with recompute."""
     gpu, n = training["gpu"], training.get("gpus", 1)
     where = f"{n}x {gpu}" if n > 1 else f"{_article(gpu)} {gpu}"
     speed = f"at {training['mfu']:.0%} of {training['peakTflops']:g} TFLOPS {training['precision']}"
     time = units.duration(training["seconds"]) + (f" on {n} GPUs" if n > 1 else "")
-    gpu_hours = f"{units.duration(training['gpuHours'] * 3600).replace(' h', '')} GPU-h"
-    if gpu_hours.endswith(("s GPU-h", "min GPU-h")):
-        gpu_hours = f"{training['gpuHours']:.2f} GPU-h"
-    extra = f", {training['flopsFactor']:.3g}x forward FLOPs" if training.get("recompute") else ""
+    gpu_hours = _gpu_hours(training["gpuHours"])
+    recompute = [f"{training['flopsFactor']:.3g}x forward FLOPs with the recompute"] if training.get("recompute") \
+        else []
     if training["usd"] is None:
         return _row("Training cost", f"n/a: {gpu} has no list price; give --usd-per-hour",
-                    f"{gpu_hours} {training['per']} {speed}{extra}")
+                    f"{gpu_hours} {training['per']} {speed}", *recompute)
     price = units.usd(training["usd"])
     value = f"{price if price.startswith('<') else '~' + price} {training['per']} on {where}"
+    if n == 1:
+        return _row("Training cost", value, f"{time} {speed}, ${training['usdPerHour']:.2f}/h", *recompute)
     return _row("Training cost", value, f"{time} {speed}",
-                f"{gpu_hours} at ${training['usdPerHour']:.2f}/h per GPU{extra}")
+                f"{gpu_hours} at ${training['usdPerHour']:.2f}/h per GPU", *recompute)
 
 
 def _cost_rows(model: Mapping[str, Any], training: Optional[Mapping[str, Any]]) -> List[str]:
