@@ -290,11 +290,9 @@ def request_plan(
         source: where the graph came from (see :func:`trace_source`); sent as is.
         seq_len: tokens per sample for sizing, a positive int.
         attention: ``"sdpa"``, ``"flash"`` or ``"eager"`` (only eager stores the score matrix).
-        finetune: ``"full"`` (the service's default), ``"lora"`` or ``"qlora"``: what the card's fit
-            and cost size.
+        finetune: ``"full"`` (default), ``"lora"`` or ``"qlora"``: what the card's fit and cost size.
         context: tokens of context to size serving for, a positive int.
-        gpu: plan for one card or cluster only: ``"H100"``, ``"H100x8"``, ``"RTX-4090"``; the service
-            says when it does not know the name.
+        gpu: one card or cluster only (``"H100"``, ``"H100x8"``, ``"RTX-4090"``); the service checks the name.
         usd_per_hour: price per GPU-hour of ``gpu`` (for a card without a list price), a positive number.
         api: service address; default :func:`api_base` (``NEURARCH_API`` or the hosted service).
         api_key: bearer token; None reads ``NEURARCH_API_KEY``, ``""`` sends no key.
@@ -305,21 +303,18 @@ def request_plan(
         ``share_error`` says why; that is not an exception, the card is still good.
 
     Raises:
-        ValueError: ``seq_len``, ``attention``, ``finetune``, ``context``, ``gpu``, ``usd_per_hour`` or
-            ``timeout`` out of range (a programming error).
+        ValueError: an option above or ``timeout`` out of range (a programming error).
         GraphError: ``graph`` or ``base`` is not a dict, or holds a value JSON cannot carry.
         PlanError: ``api`` (or ``NEURARCH_API``) is not an http(s) URL. Subclasses:
             :class:`PlanConnectionError`, :class:`PlanTimeoutError`, :class:`PlanStatusError`,
             :class:`PlanRateLimitError`, :class:`PlanResponseError`, as drawn in the module
             docstring.
     """
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
-    if attention is not None and attention not in ATTENTION_KINDS:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
+    optional = {"seq_len": seq_len, "attention": attention, "finetune": finetune, "context": context, "gpu": gpu,
+                "usd_per_hour": usd_per_hour}
+    _check_options(optional)
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    _check_sizing(finetune, context, gpu, usd_per_hour)
 
     base_url = check_api(api)
     host = api_host(base_url)
@@ -329,13 +324,7 @@ def request_plan(
         body["source"] = dict(source)
     if base is not None:
         body["base"] = _graph_dict(base, "base graph")
-    if seq_len is not None:
-        body["seq_len"] = seq_len
-    if attention is not None:
-        body["attention"] = attention
-    for name, value in (("finetune", finetune), ("context", context), ("gpu", gpu), ("usd_per_hour", usd_per_hour)):
-        if value is not None:
-            body[name] = value
+    body.update({name: value for name, value in optional.items() if value is not None})
     try:
         payload = json.dumps(body, allow_nan=False, separators=(",", ":")).encode("utf-8")
     except (TypeError, ValueError) as exc:
@@ -357,8 +346,14 @@ def request_plan(
     return _parse_answer(response, host=host, share=bool(share))
 
 
-def _check_sizing(finetune: Any, context: Any, gpu: Any, usd_per_hour: Any) -> None:
-    """The sizing options' types and ranges (the service checks the values it knows, such as GPU names)."""
+def _check_options(options: dict) -> None:
+    """The optional fields' types and ranges (the service checks the values it knows, such as GPU names)."""
+    seq_len, attention, finetune, context, gpu, usd_per_hour = (
+        options[k] for k in ("seq_len", "attention", "finetune", "context", "gpu", "usd_per_hour"))
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    if attention is not None and attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
     if finetune is not None and finetune not in FINETUNE_MODES:
         raise ValueError(f"finetune must be one of {', '.join(FINETUNE_MODES)}, got {finetune!r}")
     if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
