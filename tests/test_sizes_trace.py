@@ -45,3 +45,27 @@ def test_recorded_graph_matches_a_fresh_trace(name: str, config: dict) -> None:
     qlora = make_plan(fresh, finetune="qlora")["plan"]
     assert qlora["fit"]["gpus"] == 1 and qlora["cost"]["training"]["usd"] > 0
     assert plan["serve"]["fits"] and plan["serve"]["peakGb"] > plan["serve"]["weightsGb"] / plan["serve"]["gpus"]
+
+
+def test_qlora_paper_65b_on_one_48gb_gpu() -> None:
+    """Dettmers et al. 2023 fine-tune LLaMA-65B on one 48 GB GPU. LLaMA-65B (hidden 8192, MLP 22016,
+    80 layers, 64 heads, vocabulary 32000) has 65,285,660,672 parameters, 64,760,053,760 of them in
+    the block linears: NF4 at 4.127 bits, 33.41 GB, + 525.6M others in 16 bits, 1.05 GB = 34.46 GB
+    of base; + 18 B x 199.9M adapters (3.60 GB), a dequantised 8192 x 22016 weight (0.36 GB) and 1
+    GB = 39.42 GB static. At 1024 tokens, with checkpointing, one sample adds 2.01 GB: 41.43 GB, x
+    1.15 = 47.6 GB <= 48 GB (borderline). At 2048 tokens it takes two."""
+    config = dict(hidden_size=8192, intermediate_size=22016, num_hidden_layers=80, num_attention_heads=64,
+                  num_key_value_heads=64, vocab_size=32000)
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    graph = trace_model(model, torch.randint(0, 1000, (1, 1024), device="meta"))
+    assert graph["measured"]["params"] == 65_285_660_672
+    plan = make_plan(graph, finetune="qlora", gpu="RTX-A6000")["plan"]
+    linears = 80 * (4 * 8192**2 + 3 * 8192 * 22016)
+    nf4 = (4 + 8 / 64 + 32 / (64 * 256)) / 8
+    assert plan["finetune"]["quantizedParams"] == linears == 64_760_053_760
+    assert plan["finetune"]["baseGb"] * 1e9 == pytest.approx(linears * nf4 + (65_285_660_672 - linears) * 2)
+    fit = plan["fit"]
+    assert (fit["gpus"], fit["strategy"], fit["batch"], fit["borderline"]) == (1, "single+ckpt", 1, True)
+    assert fit["needGb"] <= 48
