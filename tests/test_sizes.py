@@ -367,6 +367,19 @@ def test_context_defaults_to_the_position_table() -> None:
     assert gpt2["serve"]["kvWidth"] == 2 * 2 * 64 and gpt2["serve"]["layers"] == 2
     bert = plan_of(json.loads((DATA / "traced_bert.neurarch.json").read_text()), context=128)
     assert bert["serve"]["context"] == 128 and bert["serve"]["layers"] == 0  # an encoder caches nothing
+    assert bert["notes"][-1].startswith("serving: no decoder key/value projections found")
+    # an attention layer typed as such (nn.MultiheadAttention, 64 wide): keys and values 64 each
+    tiny = {"name": "TinyLM", "components": [
+        {"id": "ids", "name": "ids", "type": "input", "params": {"shape": [16]}, "outputShape": [16]},
+        {"id": "emb", "name": "emb", "type": "embedding", "params": {"vocabSize": 1000, "embeddingDim": 64},
+         "inputShape": [16], "outputShape": [16, 64]},
+        {"id": "attn", "name": "attn", "type": "multiHeadAttention", "params": {"hiddenDim": 64, "numHeads": 4},
+         "inputShape": [16, 64], "outputShape": [16, 64]},
+        {"id": "y", "name": "y", "type": "output", "params": {}, "inputShape": [16, 64]}],
+        "connections": [{"id": "e0", "from": "ids", "to": "emb"}, {"id": "e1", "from": "emb", "to": "attn"},
+                        {"id": "e2", "from": "attn", "to": "y"}]}
+    serve_plan = plan_of(tiny)["serve"]
+    assert (serve_plan["layers"], serve_plan["kvBytesPerToken"], serve_plan["context"]) == (1, 2 * 64 * 2, 16)
 
 
 # --- 4. the user's own hardware -------------------------------------------------------------------

@@ -170,7 +170,7 @@ def make_plan(
         "notes": list(a.work.notes) + list(a.memory.notes) + (
             [f"{len(a.memory.layers_without_shape)} layers without an outputShape add no activation memory"]
             if a.memory.layers_without_shape else []
-        ) + ([sized.tuning.note] if sized.tuning.note else []),
+        ) + sized.notes,
         "prices": {"date": table.price_date, "source": table.price_source},
     }
     return {"text": render(plan), "plan": plan}

@@ -73,9 +73,9 @@ __all__ = [
 
 #: The request's ``finetune`` values.
 MODES = ("full", "lora", "qlora")
-#: LoRA rank when none is asked for. Hu et al. 2021 (table 6) find ranks as low as 1-8 enough on
-#: GPT-3's query/value projections; 16 is PEFT's and common fine-tuning recipes' middle ground, and
-#: the card states it.
+#: LoRA rank when none is asked for, stated on the card: between PEFT's ``LoraConfig`` default (8)
+#: and the QLoRA paper's 64 (Dettmers et al. 2023, appendix B); Hu et al. 2021 (section 7.2, table
+#: 6) find ranks of 1 to 8 already enough on GPT-3's query and value projections.
 DEFAULT_RANK = 16
 #: NF4 with double quantisation (Dettmers et al. 2023, section 3, "Double Quantization"): 4 bits
 #: per weight + one 8-bit constant per block of 64 + one fp32 constant per 256 of those blocks:

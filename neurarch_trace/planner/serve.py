@@ -21,7 +21,8 @@ the KV cache, across the N: Shoeybi et al. 2019, "Megatron-LM", section 3)::
 
 How the graph gives layers, key/value heads and head dimension: each attention block's key and
 value projections are linear layers named ``k_proj``/``v_proj`` (LLaMA, Mistral, Qwen, OPT, ViT),
-``key``/``value`` (BERT), ``k``/``v`` (T5); their ``outFeatures`` is ``kv_heads x head_dim`` each.
+``key``/``value`` (BERT), ``k``/``v`` (T5); their ``outFeatures`` is ``kv_heads x head_dim`` each
+(an attention layer typed as such, ``nn.MultiheadAttention``, gives its width and head counts).
 A fused projection (``c_attn`` in GPT-2, ``query_key_value``, ``qkv_proj``, ``Wqkv``) holds the
 queries too: its ``outFeatures`` minus the queries' width (the ``inFeatures`` of the block's output
 projection, else the model width) is the keys' and values'. ``layers`` is how many blocks have
@@ -30,7 +31,8 @@ angle per head dimension) when the model has one; without it the KV cache is sti
 needs only ``kv_heads x head_dim``) and the card gives that product alone. Attention under an
 ``encoder`` scope is not cached (an encoder runs once, it does not decode); a model with no cached
 attention (an encoder, a CNN, an MLP) is served one forward at a time, and its step is one
-forward's largest layer at the context (token models) or per sample.
+forward's largest layer at the context (token models) or per sample; for a token model the plan
+notes that no key/value projection was found, since its KV cache, if it has one, is then missing.
 
 The setup: the fewest GPUs (1 to 8, 16, 24, ... 64; powers of two up to 8, as tensor parallelism
 needs the head count divisible by N: vLLM checks that "Total number of attention heads must be
@@ -99,6 +101,23 @@ def _encoder(scope: str) -> bool:
     return any("encoder" in part.lower() for part in scope.split("."))
 
 
+def _typed_widths(graph: Graph) -> list[int]:
+    """Keys' and values' widths of attention layers typed as such (``nn.MultiheadAttention`` is
+    ``multiHeadAttention``: E wide each; ``groupedQueryAttention``: kv_heads x E / heads each)."""
+    widths = []
+    for node in graph.layers:
+        if node.type not in ("multiHeadAttention", "groupedQueryAttention") or _encoder(node.scope or node.name):
+            continue
+        width = size(node.params, "embedDim") or size(node.params, "hiddenDim") or (
+            node.input_shape[-1] if node.input_shape else None)
+        heads, kv_heads = size(node.params, "numHeads"), size(node.params, "numKVHeads")
+        if width and node.type == "groupedQueryAttention" and heads and kv_heads:
+            width = kv_heads * (width // heads)
+        if width:
+            widths.append(2 * width)
+    return widths
+
+
 def kv_layout(graph: Graph) -> KvLayout:
     """The key/value projections of ``graph``'s decoder attention (empty when none)."""
     scopes: dict[str, list[Node]] = {}
@@ -123,6 +142,7 @@ def kv_layout(graph: Graph) -> KvLayout:
             width = out(fused) - queries if queries and out(fused) > queries else None
         if width:
             widths.append(width)
+    widths += _typed_widths(graph)
     layout.layers, layout.kv_width = len(widths), sum(widths)
     rope = next((n for n in graph.layers if n.type == "rope" and n.output_shape), None)
     if rope is not None and widths and len(set(widths)) == 1:

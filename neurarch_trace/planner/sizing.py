@@ -98,6 +98,7 @@ class Sizing:
     singles: list[tuple[Gpu, Setup, int]] = field(default_factory=list)
     serves: list[Serve] = field(default_factory=list)
     mfu: float = 0.0
+    notes: list[str] = field(default_factory=list)
 
     @property
     def serve(self) -> Serve:
@@ -132,4 +133,8 @@ def sizing(a: Analysis, options: Options, table: GpuTable | None = None) -> Sizi
         setup = footprint(step.states, step.acts, "single", 1)
         singles.append((gpu, setup, largest_batch(setup, gpu, table.headroom)))
     serves = serve_all(a, cards, table, options.context, fixed)
-    return Sizing(options, step, blocks, cards, choice, cost, needs, singles, serves, mfu)
+    notes = [step.note] if step.note else []
+    if a.work.kind == "tokens" and not serves[0].layout.layers:
+        notes.append("serving: no decoder key/value projections found (k_proj/v_proj, key/value, k/v, c_attn, "
+                     "qkv_proj, or an attention layer), so no KV cache is counted")
+    return Sizing(options, step, blocks, cards, choice, cost, needs, singles, serves, mfu, notes)
