@@ -29,6 +29,7 @@ the original error stays reachable as ``__cause__``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ DEFAULT_TIMEOUT = 30.0
 PLAN_PATH = "/api/v1/plan"
 #: The request's ``attention`` values (``plan-api.md``).
 ATTENTION_KINDS = ("sdpa", "flash", "eager")
+FINETUNE_MODES = ("full", "lora", "qlora")
 _MAX_SERVER_SENTENCE = 300  # characters of a server's error sentence kept in our one line
 
 
@@ -279,6 +281,10 @@ def request_plan(
     source: Optional[Mapping[str, Any]] = None,
     seq_len: Optional[int] = None,
     attention: Optional[str] = None,
+    finetune: Optional[str] = None,
+    context: Optional[int] = None,
+    gpu: Optional[str] = None,
+    usd_per_hour: Optional[float] = None,
     api: Optional[str] = None,
     api_key: Optional[str] = None,
     timeout: float = DEFAULT_TIMEOUT,
@@ -293,6 +299,10 @@ def request_plan(
         source: where the graph came from (see :func:`trace_source`); sent as is.
         seq_len: tokens per sample for sizing, a positive int.
         attention: ``"sdpa"``, ``"flash"`` or ``"eager"`` (only eager stores the score matrix).
+        finetune: ``"full"`` (default), ``"lora"`` or ``"qlora"``: what the card's fit and cost size.
+        context: tokens of context to size serving for, a positive int.
+        gpu: one card or cluster only (``"H100"``, ``"H100x8"``, ``"RTX-4090"``); the service checks the name.
+        usd_per_hour: price per GPU-hour of ``gpu`` (for a card without a list price), a positive number.
         api: service address; default :func:`api_base` (``NEURARCH_API`` or the hosted service).
         api_key: bearer token; None reads ``NEURARCH_API_KEY``, ``""`` sends no key.
         timeout: seconds allowed to connect and to wait for each piece of the answer (default 30).
@@ -302,17 +312,16 @@ def request_plan(
         ``share_error`` says why; that is not an exception, the card is still good.
 
     Raises:
-        ValueError: ``seq_len``, ``attention`` or ``timeout`` out of range (a programming error).
+        ValueError: an option above or ``timeout`` out of range (a programming error).
         GraphError: ``graph`` or ``base`` is not a dict, or holds a value JSON cannot carry.
         PlanError: ``api`` (or ``NEURARCH_API``) is not an http(s) URL. Subclasses:
             :class:`PlanConnectionError`, :class:`PlanTimeoutError`, :class:`PlanStatusError`,
             :class:`PlanRateLimitError`, :class:`PlanResponseError`, as drawn in the module
             docstring.
     """
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
-    if attention is not None and attention not in ATTENTION_KINDS:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
+    optional = {"seq_len": seq_len, "attention": attention, "finetune": finetune, "context": context, "gpu": gpu,
+                "usd_per_hour": usd_per_hour}
+    _check_options(optional)
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
 
@@ -324,10 +333,7 @@ def request_plan(
         body["source"] = dict(source)
     if base is not None:
         body["base"] = _graph_dict(base, "base graph")
-    if seq_len is not None:
-        body["seq_len"] = seq_len
-    if attention is not None:
-        body["attention"] = attention
+    body.update({name: value for name, value in optional.items() if value is not None})
     try:
         payload = json.dumps(body, allow_nan=False, separators=(",", ":")).encode("utf-8")
     except (TypeError, ValueError) as exc:
@@ -347,6 +353,25 @@ def request_plan(
     if not 200 <= response.status_code < 300:
         raise _status_error(response, host=host, key_sent=bool(key))
     return _parse_answer(response, host=host, share=bool(share))
+
+
+def _check_options(options: dict) -> None:
+    """The optional fields' types and ranges (the service checks the values it knows, such as GPU names)."""
+    seq_len, attention, finetune, context, gpu, usd_per_hour = (
+        options[k] for k in ("seq_len", "attention", "finetune", "context", "gpu", "usd_per_hour"))
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    if attention is not None and attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
+    if finetune is not None and finetune not in FINETUNE_MODES:
+        raise ValueError(f"finetune must be one of {', '.join(FINETUNE_MODES)}, got {finetune!r}")
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+        raise ValueError(f"context must be a positive int, got {context!r}")
+    if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
+        raise ValueError(f"gpu must be a card name such as H100 or H100x8, got {gpu!r}")
+    if usd_per_hour is not None and (isinstance(usd_per_hour, bool) or not isinstance(usd_per_hour, (int, float))
+                                     or not math.isfinite(usd_per_hour) or usd_per_hour <= 0):
+        raise ValueError(f"usd_per_hour must be a positive number, got {usd_per_hour!r}")
 
 
 def _graph_dict(graph: Any, what: str) -> dict:

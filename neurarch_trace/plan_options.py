@@ -17,18 +17,22 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from neurarch_trace.contract import layer_count, read_graph
 from neurarch_trace.errors import NeurarchError
-from neurarch_trace.plan_client import ATTENTION_KINDS, check_api
+from neurarch_trace.plan_client import ATTENTION_KINDS, FINETUNE_MODES, check_api
 from neurarch_trace.text import plural
 
 __all__ = [
     "ATTENTION",
     "BASE",
+    "CONTEXT",
     "FAIL_ON_BLOCK",
+    "FINETUNE",
+    "GPU",
     "NOTEBOOK_PLAN_OPTIONS",
     "PLAN",
     "PLAN_OPTIONS",
     "SEQ_LEN",
     "SHARE",
+    "USD_PER_HOUR",
     "Option",
     "PlanChoices",
     "add_options",
@@ -57,6 +61,22 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+    return value
+
+
+def _finetune(text: str) -> str:
+    if text not in FINETUNE_MODES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fine-tuning mode: use full, lora or qlora")
+    return text
+
+
+def _price(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of dollars per GPU-hour") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive price per GPU-hour")
     return value
 
 
@@ -93,8 +113,37 @@ ATTENTION = Option(("--attention",), {
             "score matrices in memory",
 })
 
+FINETUNE = Option(("--finetune",), {
+    "type": _finetune,
+    "default": None,
+    "metavar": "MODE",
+    "help": "what the card's fit and cost size: full training (default), lora or qlora fine-tuning",
+})
+CONTEXT = Option(("--context",), {
+    "type": _positive_int,
+    "default": None,
+    "metavar": "N",
+    "help": "tokens of context to size serving for (default: the model's maximum, else the traced length)",
+})
+GPU = Option(("--gpu",), {
+    "default": None,
+    "metavar": "NAME[xN]",
+    "help": "plan for this card or cluster only, e.g. H100, H100x8, RTX-4090 (cards you own included)",
+})
+USD_PER_HOUR = Option(("--usd-per-hour",), {
+    "type": _price,
+    "default": None,
+    "metavar": "USD",
+    "help": "price per GPU-hour of the --gpu card, for a card without a list price",
+})
+
 #: Every plan option, in the order the help lists them.
-PLAN_OPTIONS: Tuple[Option, ...] = (PLAN, SHARE, BASE, FAIL_ON_BLOCK, SEQ_LEN, ATTENTION)
+PLAN_OPTIONS: Tuple[Option, ...] = (PLAN, SHARE, BASE, FAIL_ON_BLOCK, SEQ_LEN, ATTENTION, FINETUNE, CONTEXT, GPU,
+                                    USD_PER_HOUR)
+#: The options that size the plan and need ``--plan``/``--share``: (flag, attribute).
+SIZING_FLAGS: Tuple[Tuple[str, str], ...] = (("--seq-len", "seq_len"), ("--attention", "attention"),
+                                             ("--finetune", "finetune"), ("--context", "context"),
+                                             ("--gpu", "gpu"), ("--usd-per-hour", "usd_per_hour"))
 #: The plan options the notebook magic takes today (the whole set is issue 17's).
 NOTEBOOK_PLAN_OPTIONS: Tuple[Option, ...] = (PLAN, SHARE, BASE)
 
@@ -119,6 +168,10 @@ class PlanChoices:
     fail_on_block: bool = False
     seq_len: Optional[int] = None
     attention: Optional[str] = None
+    finetune: Optional[str] = None
+    context: Optional[int] = None
+    gpu: Optional[str] = None
+    usd_per_hour: Optional[float] = None
 
     @classmethod
     def from_args(cls, args: Any) -> PlanChoices:
@@ -129,6 +182,10 @@ class PlanChoices:
             fail_on_block=bool(getattr(args, "fail_on_block", False)),
             seq_len=getattr(args, "seq_len", None),
             attention=getattr(args, "attention", None),
+            finetune=getattr(args, "finetune", None),
+            context=getattr(args, "context", None),
+            gpu=getattr(args, "gpu", None),
+            usd_per_hour=getattr(args, "usd_per_hour", None),
         )
 
     @property
@@ -145,15 +202,18 @@ class PlanChoices:
         """Refuse the options that act on a plan when none is asked for.
 
         Raises:
-            NeurarchError: ``--base``, ``--seq-len``, ``--attention`` or ``--fail-on-block``
-                without ``--plan``/``--share``.
+            NeurarchError: ``--base``, ``--fail-on-block`` or a sizing option (``--seq-len``,
+                ``--attention``, ``--finetune``, ``--context``, ``--gpu``, ``--usd-per-hour``)
+                without ``--plan``/``--share``; ``--usd-per-hour`` without ``--gpu``.
         """
         if self.sends:
+            if self.usd_per_hour is not None and self.gpu is None:
+                raise NeurarchError("--usd-per-hour needs --gpu: it prices the card named there")
             return
         if self.base is not None:
             raise NeurarchError("--base needs --plan or --share: it is what the plan's diff compares to")
-        for flag, value in (("--seq-len", self.seq_len), ("--attention", self.attention)):
-            if value is not None:
+        for flag, dest in SIZING_FLAGS:
+            if getattr(self, dest) is not None:
                 raise NeurarchError(f"{flag} needs --plan or --share: it sizes the plan")
         if self.fail_on_block:
             raise NeurarchError("--fail-on-block needs --plan or --share: it reads the plan's verdict")
@@ -161,10 +221,12 @@ class PlanChoices:
     def prepare(self) -> Optional[dict]:
         """Before any tracing: check the service address and load the ``--base`` graph.
 
-        Returns the base graph, or None. Raises :class:`~neurarch_trace.plan_client.PlanError`
+        Returns the base graph, or None. Raises what :meth:`check_flags` raises,
+        :class:`~neurarch_trace.plan_client.PlanError`
         for a ``NEURARCH_API`` that is not an http(s) URL, and :class:`~neurarch_trace.errors.GraphError`
         (``--base: ...``) for a base file that is missing, not JSON or not a graph.
         """
+        self.check_flags()
         if not self.sends:
             return None
         check_api()
@@ -177,7 +239,9 @@ class PlanChoices:
 
     def request_options(self) -> Dict[str, Any]:
         """The keyword arguments of :func:`~neurarch_trace.plan_client.request_plan` they set."""
-        return {"share": self.share, "seq_len": self.seq_len, "attention": self.attention}
+        return {"share": self.share, "seq_len": self.seq_len, "attention": self.attention,
+                "finetune": self.finetune, "context": self.context, "gpu": self.gpu,
+                "usd_per_hour": self.usd_per_hour}
 
 
 # --- consent ----------------------------------------------------------------------------------

@@ -62,7 +62,8 @@ def test_the_magic_is_built_from_the_same_definitions() -> None:
 
 
 def test_option_destinations() -> None:
-    assert [o.dest for o in PLAN_OPTIONS] == ["plan", "share", "base", "fail_on_block", "seq_len", "attention"]
+    assert [o.dest for o in PLAN_OPTIONS] == ["plan", "share", "base", "fail_on_block", "seq_len", "attention",
+                                               "finetune", "context", "gpu", "usd_per_hour"]
 
 
 def test_seq_len_type_errors_are_usage_errors() -> None:
@@ -85,7 +86,8 @@ def test_plan_flags_without_a_plan(args: Dict[str, Any], message: str) -> None:
 def test_choices_read_from_a_front_end_that_lacks_some_options() -> None:
     choices = PlanChoices.from_args(argparse.Namespace(plan=False, share=True, base=None))
     assert choices.sends and choices.flag == "--share"
-    assert choices.request_options() == {"share": True, "seq_len": None, "attention": None}
+    assert choices.request_options() == {"share": True, "seq_len": None, "attention": None, "finetune": None,
+                                         "context": None, "gpu": None, "usd_per_hour": None}
     assert PlanChoices.from_args(argparse.Namespace()).prepare() is None  # nothing asked: nothing checked
 
 

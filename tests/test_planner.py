@@ -212,19 +212,52 @@ def test_gpu_fit_cheapest_card_that_holds_it() -> None:
     assert training["seconds"] == pytest.approx(3 * 3e9 * 1e6 / (362.05e12 * 0.40), rel=1e-12)
 
 
-def test_nothing_fits_says_so() -> None:
+def test_no_single_card_gives_a_cluster() -> None:
     doc = _big_linear(100_000, 100_000)
     plan = plan_of(doc)
     # 1e10 params * 18 = 180e9 + 1e9; per sample 100,000*4 + 100,000*2 + loss 100,000*8 = 1,400,000
-    # batch 1: peak 181,001,400,000; need x1.15 = 208,151,610,000 > 141e9 (H200)
-    assert plan["fit"]["fits"] is False and plan["fit"]["gpu"] is None
-    assert plan["cost"]["batch"] == 1 and "at batch 1:" in plan["cost"]["assumptions"]
-    assert plan["cost"]["peakGb"] == pytest.approx(181.0014, rel=1e-12)
-    assert plan["cost"]["training"] is None
+    # one card at batch 1: peak 181,001,400,000; need x1.15 = 208,151,610,000 > 141e9 (H200)
+    assert [c["batch"] for c in plan["fit"]["cards"]] == [0] * 8
+    assert plan["fit"]["cards"][-1]["needGb"] == pytest.approx(208.15161, rel=1e-12)
+    # A cluster, cheapest per unit: the H100 ($3.95/h over 989.4 TFLOPS is the lowest price per
+    # FLOP), with the fewest GPUs. No blocks, so no checkpointing. ZeRO-3 would gather the one
+    # 1e10-parameter layer (4 B each, 40 GB); ZeRO-2 per GPU: 16-bit weights 2e10 B + (16-bit
+    # gradients 2 + fp32 master and AdamW 12) * 1e10 / N + 1e9: N = 3 -> 67.67e9 + batch * 1.4e6;
+    # (69.57e9 - 67.67e9) / 1.4e6 = 1,359 samples, so the 1024 cap: 69.1e9 x 1.15 = 79.5e9 <= 80e9.
+    # N = 2: 91e9 > 69.57e9; ZeRO-1 on 3 (2+2 + 12/3 B) = 81e9, too much.
+    fit = plan["fit"]
+    assert (fit["fits"], fit["gpu"], fit["gpus"], fit["strategy"], fit["batch"]) == (True, "H100", 3, "zero2", 1024)
+    assert fit["peakGb"] == pytest.approx((2e10 + 14e10 / 3 + 1e9 + 1024 * 1.4e6) / 1e9, rel=1e-12)
+    assert plan["cost"]["peakGb"] == fit["peakGb"] and plan["cost"]["batch"] == 1024
+    assert "at batch 1024 per GPU on 3 GPUs" in plan["cost"]["assumptions"]
+    # cost: 3 * 2e10 FLOPs * 1e6 samples = 6e16 / (989.4e12 * 0.40) = 151.6 GPU-s, x $3.95/h
+    training = plan["cost"]["training"]
+    assert (training["gpus"], training["flops"]) == (3, 6e16)
+    assert training["gpuHours"] == pytest.approx(6e16 / (989.4e12 * 0.40) / 3600, rel=1e-12)
+    assert training["seconds"] == pytest.approx(6e16 / (989.4e12 * 0.40) / 3, rel=1e-12)
+    assert training["usd"] == pytest.approx(training["gpuHours"] * 3.95, rel=1e-12)
     lines = make_plan(doc)["text"].splitlines()
-    assert row("GPU fit", "nothing fits: needs 208.2 GB at batch 1") in lines
+    assert row("GPU fit", "3x H100 80 GB at batch 1024 per GPU bf16") in lines
+    assert row("", "ZeRO-2, 69.1 GB peak per GPU") in lines
+    assert row("Training cost", "~$0.17 per million samples on 3x H100") in lines
+
+
+def test_nothing_fits_says_so() -> None:
+    doc = _big_linear(1_000_000, 1_000_000)
+    plan = plan_of(doc)
+    # 1e12 params in one layer: 18e12 B on one card; ZeRO-3 gathers the whole layer (4e12 B), which
+    # no number of GPUs divides
+    assert plan["fit"]["fits"] is False and plan["fit"]["gpu"] is None
+    assert plan["cost"]["batch"] == 1 and "at batch 1" in plan["cost"]["assumptions"]
+    # per sample 1e6*4 + 1e6*2 + loss 1e6*8 = 14e6
+    assert plan["cost"]["peakGb"] == pytest.approx((18e12 + 1e9 + 14e6) / 1e9, rel=1e-12)
+    assert plan["cost"]["training"] is None
+    assert plan["fit"]["needs"]["gpus"] is None and plan["fit"]["needs"]["gpu"] == "H200"
+    lines = make_plan(doc)["text"].splitlines()
+    assert row("GPU fit", "nothing fits: needs 20,701.2 GB at batch 1") in lines
     assert row("", "(peak x1.15; the largest card, H200, has 141 GB)") in lines
-    assert row("Training cost", "n/a: no single card holds a training step") in lines
+    assert row("", "no number of H200 holds one sample with ZeRO-3 +") in lines
+    assert row("Training cost", "n/a: nothing holds a training step (see GPU fit)") in lines
 
 
 def _token_model() -> Dict[str, Any]:
@@ -481,7 +514,9 @@ def test_real_sized_graphs_have_no_blockers() -> None:
     assert llama["run"]["blockers"] == [] and llama["warnings"] == []
     # LLaMA-7B's published parameter count, from the graph's measured totals
     assert llama["model"]["params"] == 6_738_415_616
-    assert llama["fit"]["fits"] is False  # 18 B/param alone is 121 GB; x1.15 passes the H200
+    # 18 B/param alone is 121 GB; x1.15 passes the H200: no single card, a ZeRO cluster
+    assert all(card["batch"] == 0 for card in llama["fit"]["cards"])
+    assert llama["fit"]["gpus"] > 1 and llama["fit"]["strategy"].startswith("zero")
 
 
 #: Graphs recorded from neurarch-trace 0.1.0 (``trace_model``) on real model code at batch 2:

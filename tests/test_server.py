@@ -288,7 +288,8 @@ def test_openapi_schema_is_published(plan_server: str) -> None:
     assert request_body == {"$ref": "#/components/schemas/PlanRequest"}
     request = schema["components"]["schemas"]["PlanRequest"]
     assert request["required"] == ["model"]
-    assert set(request["properties"]) == {"model", "share", "source", "base", "seq_len", "attention"}
+    assert set(request["properties"]) == {"model", "share", "source", "base", "seq_len", "attention", "finetune",
+                                          "context", "gpu", "usd_per_hour"}
     assert "Source" in schema["components"]["schemas"]
     assert set(schema["components"]["schemas"]["PlanResponse"]["properties"]) == {"text", "url", "share_error", "plan"}
     assert {"400", "401", "413", "422", "429"} <= set(operation["responses"])

@@ -8,10 +8,12 @@
 One concept per module: :mod:`neurarch_trace.contract` indexes and validates the document,
 :mod:`.verify` finds blockers, :mod:`.estimate` and :mod:`.counts` count parameters and FLOPs
 (measured first), :mod:`.workload` says what a sample is, :mod:`.memory` sizes a training step,
-:mod:`.fit` picks the card,
-:mod:`.cost` prices training, :mod:`.lint` finds warnings, :mod:`.diff` compares with a base,
-:mod:`.card` renders. The plan service (:mod:`neurarch_trace.server`) is one caller of
-:func:`make_plan`; anything else may call it directly.
+:mod:`.blocks` finds the repeated blocks, :mod:`.finetune` sizes LoRA and QLoRA, :mod:`.strategy`
+divides the step over GPUs (DDP, ZeRO, FSDP), :mod:`.fit` picks the card or cluster, :mod:`.cost`
+prices training, :mod:`.serve` sizes serving, :mod:`.sizing` ties the request's options to them,
+:mod:`.lint` finds warnings, :mod:`.diff` compares with a base, :mod:`.card` renders. The plan
+service (:mod:`neurarch_trace.server`) is one caller of :func:`make_plan`; anything else may call it
+directly.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from typing import Any, Dict, List, Mapping, Optional
 from neurarch_trace.errors import GraphError
 from neurarch_trace.planner.analysis import Analysis, analyse
 from neurarch_trace.planner.card import render
-from neurarch_trace.planner.cost import BACKWARD_FACTOR, TrainingCost, training_cost, training_unit, utilisation
+from neurarch_trace.planner.cost import training_unit
 from neurarch_trace.planner.diff import diff as diff_against
-from neurarch_trace.planner.fit import MAX_BATCH, Fit
+from neurarch_trace.planner.fit import Fit
 from neurarch_trace.planner.fit import fit as fit_gpu
 from neurarch_trace.planner.gpus import gpu_table
 from neurarch_trace.planner.memory import (
@@ -34,8 +36,10 @@ from neurarch_trace.planner.memory import (
     MASTER_WEIGHT_BYTES,
     WEIGHT16_BYTES,
 )
+from neurarch_trace.planner.sizing import OptionError, check_options, sizing
+from neurarch_trace.planner.sizing_fields import cost_fields, finetune_fields, fit_fields, serve_fields
 
-__all__ = ["ATTENTION_MODES", "GraphError", "PLAN_SCHEMA", "make_plan", "target_label"]
+__all__ = ["ATTENTION_MODES", "GraphError", "OptionError", "PLAN_SCHEMA", "make_plan", "target_label"]
 
 #: Identifies the layout of the ``plan`` object (bumped on an incompatible change).
 PLAN_SCHEMA = "neurarch-plan/1"
@@ -89,48 +93,6 @@ def _layers(a: Analysis) -> List[Dict[str, Any]]:
     ]
 
 
-def _fit(fit: Fit) -> Dict[str, Any]:
-    largest = gpu_table().largest
-    return {
-        "fits": fit.fits,
-        "gpu": fit.gpu.id if fit.gpu else None,
-        "memoryGb": fit.gpu.memory_gb if fit.gpu else None,
-        "precision": fit.gpu.precision if fit.gpu else None,
-        "batch": fit.batch,
-        "peakGb": fit.peak_bytes / 1e9,
-        "needGb": fit.need_bytes / 1e9,
-        "headroom": fit.headroom,
-        "borderline": fit.borderline,
-        "maxBatch": MAX_BATCH,
-        "largestGpu": {"gpu": largest.id, "memoryGb": largest.memory_gb},
-        "cards": [
-            {"gpu": c.gpu.id, "memoryGb": c.gpu.memory_gb, "usdPerHour": c.gpu.usd_per_hour,
-             "batch": c.batch, "peakGb": c.peak_bytes / 1e9, "needGb": c.need_bytes / 1e9}
-            for c in fit.candidates
-        ],
-    }
-
-
-def _training(cost: Optional[TrainingCost]) -> Optional[Dict[str, Any]]:
-    if cost is None:
-        return None
-    return {
-        "unit": cost.unit.key,
-        "per": cost.unit.phrase,
-        "samples": cost.unit.samples,
-        "flops": cost.flops,
-        "seconds": cost.seconds,
-        "hours": cost.seconds / 3600,
-        "usd": cost.usd,
-        "gpu": cost.gpu.id,
-        "usdPerHour": cost.gpu.usd_per_hour,
-        "peakTflops": cost.gpu.peak_tflops,
-        "precision": cost.gpu.precision,
-        "mfu": cost.mfu,
-        "backwardFactor": BACKWARD_FACTOR,
-    }
-
-
 def _check_options(seq_len: Optional[int], attention: Optional[str]) -> None:
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= 2**31):
         raise ValueError("seq_len must be a positive integer of at most 2^31")
@@ -145,20 +107,31 @@ def make_plan(
     base: Any = None,
     seq_len: Optional[int] = None,
     attention: Optional[str] = None,
+    finetune: Optional[str] = None,
+    context: Optional[int] = None,
+    gpu: Optional[str] = None,
+    usd_per_hour: Optional[float] = None,
 ) -> Dict[str, Any]:
     """The card and plan for ``graph`` (a loaded ``.neurarch.json`` dict).
 
     ``source`` is the request's ``source`` object (its ``target`` heads the card); ``base`` a
     second graph to diff against; ``seq_len`` tokens per sample for a token model; ``attention``
-    ``sdpa``, ``flash`` or ``eager``. Returns ``{"text": card, "plan": {...}}``. Raises
-    :class:`GraphError` when ``graph`` or ``base`` is not a graph, ``ValueError`` for a bad option.
+    ``sdpa``, ``flash`` or ``eager``; ``finetune`` ``full`` (default), ``lora`` or ``qlora``: what
+    ``plan.fit`` and ``plan.cost`` size; ``context`` tokens of context for serving (default: the
+    model's own maximum, else the traced length); ``gpu`` ``NAME`` or ``NAMExN``: plan for that card
+    or cluster only; ``usd_per_hour`` its price per GPU-hour (needed for a card without a list
+    price). Returns ``{"text": card, "plan": {...}}``. Raises :class:`GraphError` when ``graph`` or
+    ``base`` is not a graph, ``ValueError`` (one sentence) for a bad option: :class:`OptionError`
+    for ``finetune``, ``context``, ``gpu`` and ``usd_per_hour`` (an unknown ``gpu`` names the
+    known cards).
     """
     _check_options(seq_len, attention)
+    options = check_options(finetune, context, gpu, usd_per_hour)
     a = analyse(graph, what="model", seq_len=seq_len, attention=attention)
     b = analyse(base, what="base", seq_len=seq_len, attention=attention) if base is not None else None
     fit = fit_gpu(a.memory)
     unit = training_unit(a.work)
-    cost = training_cost(a.flops_per_sample, unit, fit.gpu, utilisation(a.counts.layers))
+    sized = sizing(a, options)
     target = source.get("target") if isinstance(source, Mapping) else None
     table = gpu_table()
     plan: Dict[str, Any] = {
@@ -186,19 +159,10 @@ def make_plan(
             "blockers": [issue.message for issue in a.blockers],
             "details": [issue.as_dict() for issue in a.blockers],
         },
-        "fit": _fit(fit),
-        "cost": {
-            "batch": fit.batch,
-            "peakGb": fit.peak_bytes / 1e9,
-            "activationGb": a.memory.activation_bytes(fit.batch) / 1e9,
-            "staticGb": a.memory.static_bytes / 1e9,
-            "perSampleGb": a.memory.per_sample_bytes / 1e9,
-            "breakdown": a.memory.breakdown(fit.batch),
-            "seqLen": a.work.seq_len if a.work.kind == "tokens" else None,
-            "attention": attention,
-            "assumptions": _assumptions(a, fit, attention),
-            "training": _training(cost),
-        },
+        "fit": fit_fields(sized),
+        "cost": cost_fields(a, sized, attention, _assumptions(a, fit, attention)),
+        "finetune": finetune_fields(a, sized),
+        "serve": serve_fields(sized),
         "warnings": [issue.message for issue in a.warnings],
         "warningDetails": [issue.as_dict() for issue in a.warnings],
         "layers": _layers(a),
@@ -206,7 +170,7 @@ def make_plan(
         "notes": list(a.work.notes) + list(a.memory.notes) + (
             [f"{len(a.memory.layers_without_shape)} layers without an outputShape add no activation memory"]
             if a.memory.layers_without_shape else []
-        ),
+        ) + sized.notes,
         "prices": {"date": table.price_date, "source": table.price_source},
     }
     return {"text": render(plan), "plan": plan}

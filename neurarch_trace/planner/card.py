@@ -1,8 +1,10 @@
 """Rendering: the plan (pure data) as the plain-text card of ``shared/spec/plan-api.md``.
 
 At most :data:`WIDTH` (68) columns, boxed with ``+``, ``-`` and ``|``; a header box (name and
-target, then layers, parameters and FLOPs), a box of labelled rows (Runs, GPU fit, Training cost,
-Blockers, Warnings) and, with a base, a diff box. A value longer than its column wraps onto
+target, then layers, parameters and FLOPs), a box of labelled rows (Runs, Fine-tune when LoRA or
+QLoRA was asked for, GPU fit, Training cost, Serving for token models, Blockers, Warnings) and,
+with a base, a diff box. GPU fit and Training cost name a cluster (``2x H100``) and its strategy
+when one card does not hold the step. A value longer than its column wraps onto
 continuation rows under the value column. Every number shown is read from the plan.
 
 Widths are display columns, not code points: a CJK character or an emoji takes two columns in a
@@ -158,7 +160,46 @@ def _summary(model: Mapping[str, Any]) -> List[str]:
     return lines
 
 
+_STRATEGY = {"single": "one GPU", "ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/FSDP"}
+_CHECKPOINT = "with activation checkpointing (+1 forward pass)"
+
+
+def _cluster_fit_rows(fit: Mapping[str, Any]) -> List[str]:
+    """A setup of several GPUs, or one GPU with activation checkpointing."""
+    strategy = fit["strategy"].split("+")[0]
+    peak = units.gb(fit["peakGb"] * 1e9)
+    if fit["gpus"] > 1:
+        rows = [f"{fit['gpus']}x {fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']} per GPU "
+                f"{fit['precision']}", f"{_STRATEGY.get(strategy, strategy)}, {peak} peak per GPU"]
+    else:
+        rows = [f"{fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']} {fit['precision']} ({peak} peak)"]
+    if fit["checkpointing"]:
+        rows.append(_CHECKPOINT)
+    if fit["borderline"]:
+        per = " per GPU" if fit["gpus"] > 1 else ""
+        rows.append(f"borderline: needs {units.gb(fit['needGb'] * 1e9)}{per} with x{fit['headroom']:g} headroom")
+    return _row("GPU fit", *rows)
+
+
+def _needs_text(fit: Mapping[str, Any], lead: str) -> List[str]:
+    needs = fit.get("needs")
+    if not needs:
+        return []
+    if needs["gpus"] is None:
+        return [f"no number of {needs['gpu']} holds one sample with ZeRO-3 + checkpointing: "
+                f"{units.gb(needs['peakGb'] * 1e9)} per GPU is not divided"]
+    return [f"{lead}ZeRO-3 + checkpointing needs {needs['gpus']}x {needs['gpu']} {needs['memoryGb']:g} GB "
+            f"({units.gb(needs['peakGb'] * 1e9)} peak per GPU)"]
+
+
 def _fit_rows(fit: Mapping[str, Any]) -> List[str]:
+    if fit["fits"] and (fit.get("gpus", 1) > 1 or fit.get("checkpointing")):
+        return _cluster_fit_rows(fit)
+    if not fit["fits"] and fit.get("requestedGpu"):
+        n = fit.get("requestedGpus")
+        asked = f"{n}x {fit['requestedGpu']}" if n else fit["requestedGpu"]
+        upto = "" if n else " on up to 64 of them"
+        return _row("GPU fit", f"{asked} does not hold a training step{upto}", *_needs_text(fit, ""))
     if fit["fits"]:
         value = (f"{fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']} {fit['precision']} "
                  f"({units.gb(fit['peakGb'] * 1e9)} peak)")
@@ -169,14 +210,43 @@ def _fit_rows(fit: Mapping[str, Any]) -> List[str]:
     largest = fit["largestGpu"]
     return _row("GPU fit", f"nothing fits: needs {units.gb(fit['needGb'] * 1e9)} at batch 1",
                 f"(peak x{fit['headroom']:g}; the largest card, {largest['gpu']}, has "
-                f"{largest['memoryGb']:g} GB)")
+                f"{largest['memoryGb']:g} GB)", *_needs_text(fit, "nor do 64 GPUs: "))
+
+
+def _gpu_hours(hours: float) -> str:
+    """``0.04 GPU-h``, ``30.1 GPU-h``, ``1,234 GPU-h``."""
+    if hours < 10:
+        return f"{hours:.2f} GPU-h"
+    return f"{hours:.1f} GPU-h" if hours < 100 else f"{hours:,.0f} GPU-h"
+
+
+def _cluster_cost_rows(training: Mapping[str, Any]) -> List[str]:
+    """Cost on several GPUs, or on a card without a price, or with recompute."""
+    gpu, n = training["gpu"], training.get("gpus", 1)
+    where = f"{n}x {gpu}" if n > 1 else f"{_article(gpu)} {gpu}"
+    speed = f"at {training['mfu']:.0%} of {training['peakTflops']:g} TFLOPS {training['precision']}"
+    time = units.duration(training["seconds"]) + (f" on {n} GPUs" if n > 1 else "")
+    gpu_hours = _gpu_hours(training["gpuHours"])
+    recompute = [f"{training['flopsFactor']:.3g}x forward FLOPs with the recompute"] if training.get("recompute") \
+        else []
+    if training["usd"] is None:
+        return _row("Training cost", f"n/a: {gpu} has no list price; give --usd-per-hour",
+                    f"{gpu_hours} {training['per']} {speed}", *recompute)
+    price = units.usd(training["usd"])
+    value = f"{price if price.startswith('<') else '~' + price} {training['per']} on {where}"
+    if n == 1:
+        return _row("Training cost", value, f"{time} {speed}, ${training['usdPerHour']:.2f}/h", *recompute)
+    return _row("Training cost", value, f"{time} {speed}",
+                f"{gpu_hours} at ${training['usdPerHour']:.2f}/h per GPU", *recompute)
 
 
 def _cost_rows(model: Mapping[str, Any], training: Optional[Mapping[str, Any]]) -> List[str]:
     if model["flops"] == 0 and not model["flopsComplete"]:
         return _row("Training cost", "unknown: no layer's FLOPs could be counted")
     if training is None:
-        return _row("Training cost", "n/a: no single card holds a training step")
+        return _row("Training cost", "n/a: nothing holds a training step (see GPU fit)")
+    if training.get("gpus", 1) > 1 or training.get("recompute") or training.get("usd") is None:
+        return _cluster_cost_rows(training)
     gpu = training["gpu"]
     price = units.usd(training["usd"])
     value = f"{price if price.startswith('<') else '~' + price} {training['per']} on {_article(gpu)} {gpu}"
@@ -184,6 +254,44 @@ def _cost_rows(model: Mapping[str, Any], training: Optional[Mapping[str, Any]]) 
               f"{training['peakTflops']:g} TFLOPS {training['precision']}, "
               f"${training['usdPerHour']:.2f}/h")
     return _row("Training cost", value, detail)
+
+
+def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
+    if not finetune or finetune.get("asked", "full") == "full":
+        return []
+    if not finetune["applied"]:
+        return _row("Fine-tune", finetune["note"])
+    name = "QLoRA" if finetune["mode"] == "qlora" else "LoRA"
+    base = "NF4 base" if finetune["mode"] == "qlora" else "16-bit base"
+    return _row("Fine-tune", f"{name} r={finetune['rank']}: {units.count(finetune['trainableParams'])} trainable "
+                             f"params ({finetune['trainablePercent']:.2f}%)",
+                f"adapters on {finetune['adaptedLayers']} linear layers, {base} "
+                f"{units.gb(finetune['baseGb'] * 1e9)}")
+
+
+def _setup(option: Mapping[str, Any]) -> str:
+    head = f"{option['gpus']}x {option['gpu']}" if option["gpus"] > 1 else str(option["gpu"])
+    return f"{head} {option['memoryGb']:g} GB"
+
+
+def _serve_rows(model: Mapping[str, Any], serve: Optional[Mapping[str, Any]]) -> List[str]:
+    if not serve or model["input"]["kind"] != "tokens":
+        return []
+    context = f"{serve['context']:,} tokens" if serve["context"] else "one sample"
+    if not serve["fits"]:
+        return _row("Serving", f"nothing holds {context} x batch 1 in {serve['precision']} on up to 64 GPUs",
+                    f"weights {units.gb(serve['weightsGb'] * 1e9)}, KV cache {units.gb(serve['kvCacheGb'] * 1e9)}")
+    n = serve["gpus"]
+    weights = units.gb(serve["weightsGb"] * 1e9 / n)
+    kv = f"{'KV' if n > 1 else 'KV cache'} {units.gb(serve['kvCacheGb'] * 1e9 / n)}"
+    parts = f"weights {weights}, {kv}" if serve["layers"] else f"weights {weights}, no KV cache (no decoder)"
+    rows = [f"{_setup(serve)} {serve['precision']}, {context} x batch {serve['batch']}",
+            f"{units.gb(serve['peakGb'] * 1e9)} {'per GPU' if n > 1 else 'peak'}: {parts}"]
+    others = [f"{o['precision']} on {_setup(o)}" for o in serve["options"]
+              if o["precision"] != serve["precision"] and o["fits"]]
+    if others:
+        rows.append(", ".join(others))
+    return _row("Serving", *rows)
 
 
 def _count_row(label: str, items: List[str]) -> List[str]:
@@ -218,8 +326,10 @@ def render(plan: Mapping[str, Any]) -> str:
     run = plan["run"]
     lines += _row("Runs", "yes, shapes propagate end to end" if run["legal"] else
                   f"no, see Blockers ({len(run['blockers'])})")
+    lines += _finetune_rows(plan.get("finetune"))
     lines += _fit_rows(plan["fit"])
     lines += _cost_rows(model, plan["cost"]["training"])
+    lines += _serve_rows(model, plan.get("serve"))
     lines += _count_row("Blockers", run["blockers"])
     lines += _count_row("Warnings", plan["warnings"])
     lines.append(_RULE)

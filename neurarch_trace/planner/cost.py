@@ -9,6 +9,16 @@
 The unit of training follows the input (:mod:`neurarch_trace.planner.workload`): an epoch of
 ImageNet-1k for images of 64 px and up, an epoch of CIFAR-10 for smaller images, a billion tokens
 for token inputs, a million samples otherwise.
+
+On N GPUs (:func:`cluster_cost`) the same FLOPs are spread over N cards::
+
+    GPU-hours = train FLOPs / (peak dense 16-bit TFLOPS x 10^12 x MFU) / 3600
+    hours     = GPU-hours / N
+    dollars   = GPU-hours x USD per GPU-hour
+
+with the same MFU on N GPUs as on one (:data:`CLUSTER_SCALING`), and ``train FLOPs`` given by the
+training mode (3 x forward for full training, 4 x with activation checkpointing; 2 x for LoRA's
+frozen base: :mod:`neurarch_trace.planner.finetune`).
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ __all__ = [
     "utilisation",
     "TrainingCost",
     "Unit",
+    "ClusterCost",
+    "cluster_cost",
     "training_cost",
     "training_unit",
 ]
@@ -42,6 +54,15 @@ BACKWARD_FACTOR = 3
 #: step sustains. PaLM (Chowdhery et al. 2022, table 3) reports 46.2% for a 540B model tuned at
 #: scale; a single-GPU PyTorch job rarely does better, so 40% is the plan's stated assumption.
 MFU = 0.40
+#: Multi-GPU runs are assumed to keep the single-GPU MFU: GPU-hours do not grow with N (scaling
+#: efficiency 1.0). The MFU above is itself a cluster figure, communication included: PaLM's 46.2%
+#: on 6,144 TPU v4 chips, and Megatron-LM's 52% of peak on 3,072 A100 GPUs with NVLink and
+#: InfiniBand (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+#: Clusters Using Megatron-LM", abstract); ZeRO-3 moves 1.5x DDP's data per step (Rajbhandari et
+#: al. 2020, section 7.2.2), which overlaps with compute on such links. Cards without NVLink (T4,
+#: L4, A10G, L40S and the GeForce and workstation cards) talk over PCIe, where it does not overlap
+#: as well: there the plan's time is a lower bound.
+CLUSTER_SCALING = 1.0
 #: Convolutional networks sustain about half that: NVIDIA's DeepLearningExamples ResNet-50 v1.5
 #: (PyTorch, README "Training performance", pytorch-21.03 container) trains at 2,470 img/s on one
 #: A100 80GB with mixed precision: 2,470 x 3 x 8.2 GFLOPs (4.1 GMACs at 224 px) = 61 TFLOP/s of
@@ -113,3 +134,33 @@ def training_cost(flops_per_sample: float, unit: Unit, gpu: Optional[Gpu], mfu: 
     seconds = flops / (gpu.peak_tflops * 1e12 * mfu)
     return TrainingCost(unit=unit, gpu=gpu, flops=flops, seconds=seconds,
                         usd=seconds / 3600 * gpu.usd_per_hour, mfu=mfu)
+
+
+@dataclass(frozen=True)
+class ClusterCost:
+    """One ``unit`` of training on ``gpus`` x ``gpu``: ``flops`` (training FLOPs, recompute
+    included), ``gpu_seconds`` (summed over the GPUs), ``seconds`` (wall clock), ``usd`` (``None``
+    when the card has no price) and the ``flops_factor`` (training FLOPs per forward FLOP)."""
+
+    unit: Unit
+    gpu: Gpu
+    gpus: int
+    flops: float
+    gpu_seconds: float
+    seconds: float
+    usd: float | None
+    mfu: float
+    flops_factor: float
+
+
+def cluster_cost(train_flops_per_sample: float, unit: Unit, gpu: Gpu, gpus: int = 1, mfu: float = MFU,
+                 forward_flops_per_sample: float | None = None) -> ClusterCost:
+    """The cost of one ``unit`` on ``gpus`` cards of ``gpu``, at ``mfu`` x :data:`CLUSTER_SCALING`
+    of each card's peak; ``train_flops_per_sample`` counts forward, backward and any recompute.
+    ``forward_flops_per_sample`` only sets the reported ``flops_factor``."""
+    flops = train_flops_per_sample * unit.samples
+    gpu_seconds = flops / (gpu.peak_tflops * 1e12 * mfu * CLUSTER_SCALING)
+    usd = None if gpu.usd_per_hour is None else gpu_seconds / 3600 * gpu.usd_per_hour
+    factor = train_flops_per_sample / forward_flops_per_sample if forward_flops_per_sample else float(BACKWARD_FACTOR)
+    return ClusterCost(unit=unit, gpu=gpu, gpus=gpus, flops=flops, gpu_seconds=gpu_seconds,
+                       seconds=gpu_seconds / gpus, usd=usd, mfu=mfu, flops_factor=factor)

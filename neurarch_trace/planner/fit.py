@@ -1,25 +1,50 @@
-"""GPU fit: the cheapest card that holds one training step, at the largest batch it holds.
+"""GPU fit: the cheapest setup that holds one training step, at the largest batch it holds.
 
 A card holds a batch when ``need = peak(batch) x headroom <= memory`` (headroom 1.15, from the GPU
 table, shared with the other Neurarch sizing tools). Batches are powers of two from 1 up to
-:data:`MAX_BATCH`. Cards are tried cheapest per hour first; the first card that holds batch 1 wins,
-at the largest power-of-two batch it holds. A need within 15% of the card's memory is borderline.
+:data:`MAX_BATCH` (per GPU). A need within 15% of the card's memory is borderline.
+
+One card first (:func:`fit`, and the first step of :func:`choose`): cards are tried cheapest per
+hour first; the first card that holds batch 1 without activation checkpointing wins, at the
+largest power-of-two batch it holds. This is the plan whenever one card holds the step.
+
+Otherwise a cluster (:func:`choose`): every card kind x N GPUs (:data:`GPU_COUNTS`) x strategy
+(:mod:`neurarch_trace.planner.strategy`) that holds batch 1 per GPU is a candidate, and the plan
+takes the one that trains cheapest per unit of training (GPU-hours x price: the price per
+GPU-hour over the card's throughput, x the step's FLOPs, which checkpointing raises by a forward
+pass), then the fewest GPUs, then the lowest hourly price, then the strategy order (least
+communication first). At the stated utilisation (:mod:`neurarch_trace.planner.cost`) GPU-hours do
+not grow with N, so a cluster of one kind never costs less per unit than one card of that kind;
+a cluster replaces a one-card plan only when it costs less both per hour and per unit (a cheaper
+kind in numbers). For one kind of card asked for by name (the request's ``gpu``), the question is
+whether the user's card holds it: the fewest GPUs win, then the cheapest per unit (no
+checkpointing before checkpointing), then the strategy order. Nothing holding on up to 64 GPUs,
+:func:`smallest_cluster` says how many of the largest card ZeRO-3 with checkpointing would take.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Callable
 
-from neurarch_trace.planner.gpus import Gpu, GpuTable, gpu_table
+from neurarch_trace.planner.gpus import MAX_GPUS, Gpu, GpuTable, gpu_table
 from neurarch_trace.planner.memory import MemoryModel
+from neurarch_trace.planner.strategy import Activations, Setup, States, footprint, strategy_options
 
-__all__ = ["CardFit", "Fit", "MAX_BATCH", "fit"]
+__all__ = ["CardFit", "Choice", "Fit", "GPU_COUNTS", "MAX_BATCH", "choose", "fit", "largest_batch",
+           "smallest_cluster"]
 
 #: Largest batch the plan proposes for one GPU. A product choice, not a hardware limit: past a
 #: thousand samples per step, single-GPU training is rarely batch-bound and large-batch training
 #: needs learning-rate scaling of its own (Goyal et al. 2017 train ResNet-50 at 32 per GPU).
 MAX_BATCH = 1024
+#: GPUs per node: an 8-GPU server (DGX/HGX A100 and H100 systems hold 8; Modal rents at most 8 per
+#: container), so clusters are 1 to 8 GPUs in one node, then whole nodes up to :data:`MAX_GPUS`.
+GPUS_PER_NODE = 8
+GPU_COUNTS: tuple[int, ...] = tuple(range(1, GPUS_PER_NODE + 1)) + tuple(
+    range(2 * GPUS_PER_NODE, MAX_GPUS + 1, GPUS_PER_NODE))
 
 
 @dataclass(frozen=True)
@@ -38,13 +63,13 @@ class Fit:
     """The chosen card (``None`` when no card holds batch 1) with its batch, peak and need in
     bytes, whether the need is borderline, and every card's own fit."""
 
-    gpu: Optional[Gpu]
+    gpu: Gpu | None
     batch: int
     peak_bytes: float
     need_bytes: float
     borderline: bool
     headroom: float
-    candidates: List[CardFit]
+    candidates: list[CardFit]
 
     @property
     def fits(self) -> bool:
@@ -62,7 +87,7 @@ def _card(memory: MemoryModel, gpu: Gpu, headroom: float) -> CardFit:
     return CardFit(gpu=gpu, batch=best, peak_bytes=peak, need_bytes=peak * headroom)
 
 
-def fit(memory: MemoryModel, table: Optional[GpuTable] = None) -> Fit:
+def fit(memory: MemoryModel, table: GpuTable | None = None) -> Fit:
     """The GPU fit of ``memory`` over ``table`` (the packaged one by default)."""
     table = table or gpu_table()
     candidates = [_card(memory, gpu, table.headroom) for gpu in table.cards]
@@ -72,3 +97,120 @@ def fit(memory: MemoryModel, table: Optional[GpuTable] = None) -> Fit:
             return Fit(card.gpu, card.batch, card.peak_bytes, card.need_bytes, borderline, table.headroom, candidates)
     peak = memory.peak_bytes(1)
     return Fit(None, 1, peak, peak * table.headroom, False, table.headroom, candidates)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A training setup on a card: ``setup`` (strategy, GPUs, per-GPU memory), the largest
+    power-of-two ``batch`` per GPU it holds, the per-GPU peak and need at that batch (bytes),
+    whether the need is borderline, and the training FLOPs of one sample (with any recompute)."""
+
+    gpu: Gpu
+    setup: Setup
+    batch: int
+    peak_bytes: float
+    need_bytes: float
+    borderline: bool
+    train_flops: float
+
+    @property
+    def gpus(self) -> int:
+        return self.setup.gpus
+
+    @property
+    def hourly(self) -> float | None:
+        """USD per hour of the whole cluster; ``None`` for a card without a price."""
+        return None if self.gpu.usd_per_hour is None else self.gpu.usd_per_hour * self.gpus
+
+    @property
+    def unit_price(self) -> float:
+        """What a unit of training costs, up to a common factor: FLOPs per sample x USD per
+        GPU-hour / TFLOPS (a card without a price counts 1 USD, so only FLOPs and speed rank)."""
+        return self.train_flops * (self.gpu.usd_per_hour or 1.0) / self.gpu.peak_tflops
+
+
+def largest_batch(setup: Setup, gpu: Gpu, headroom: float) -> int:
+    """The largest power-of-two batch per GPU, up to :data:`MAX_BATCH`, whose need fits ``gpu``;
+    0 when not even one sample does."""
+    if setup.peak_bytes(1) * headroom > gpu.memory_bytes:
+        return 0
+    if setup.per_sample_bytes <= 0:
+        return MAX_BATCH
+    room = (gpu.memory_bytes / headroom - setup.static_bytes) / setup.per_sample_bytes
+    batch = 1
+    while batch * 2 <= min(room, MAX_BATCH):
+        batch *= 2
+    while batch > 1 and setup.peak_bytes(batch) * headroom > gpu.memory_bytes:  # float edge
+        batch //= 2
+    return batch
+
+
+def _choice(gpu: Gpu, setup: Setup, table: GpuTable, flops: Callable[[bool], float]) -> Choice | None:
+    batch = largest_batch(setup, gpu, table.headroom)
+    if not batch:
+        return None
+    peak = setup.peak_bytes(batch)
+    need = peak * table.headroom
+    borderline = need > (1 - table.borderline_fraction) * gpu.memory_bytes
+    return Choice(gpu, setup, batch, peak, need, borderline, flops(setup.checkpoint))
+
+
+def _candidates(states: States, acts: Activations, cards: Iterable[Gpu], table: GpuTable,
+                flops: Callable[[bool], float], counts: Sequence[int]) -> list[tuple[tuple, Choice]]:
+    found = []
+    for gpu in cards:
+        for n in counts:
+            for order, (strategy, checkpoint) in enumerate(strategy_options(n, acts.checkpointed is not None)):
+                choice = _choice(gpu, footprint(states, acts, strategy, n, checkpoint), table, flops)
+                if choice is not None:
+                    found.append(((choice.unit_price, n, choice.hourly or 0.0, order), choice))
+                    break  # the first strategy that holds is preferred on this cluster
+    return found
+
+
+def choose(states: States, acts: Activations, flops: Callable[[bool], float], cards: Sequence[Gpu],
+           table: GpuTable | None = None, gpus: int | None = None, fewest: bool = False) -> Choice | None:
+    """The training setup for ``states`` and ``acts`` over ``cards`` (cheapest per hour first),
+    by the rule of this module; ``flops(checkpoint)`` gives the training FLOPs per sample;
+    ``gpus`` fixes the cluster size; ``fewest`` ranks the fewest GPUs first (a card asked for by
+    name). ``None`` when nothing holds batch 1 on up to 64 GPUs."""
+    table = table or gpu_table()
+    single = None
+    if gpus in (None, 1):
+        for gpu in cards:
+            single = _choice(gpu, footprint(states, acts, "single", 1), table, flops)
+            if single is not None:
+                break
+    counts = (gpus,) if gpus is not None else GPU_COUNTS
+    found = _candidates(states, acts, cards, table, flops, counts)
+    if fewest and found:
+        return min(found, key=lambda item: (item[0][1], item[0][0], item[0][3]))[1]
+    if not found:
+        return single
+    # options were tried without checkpointing first; rank all of them by the rule
+    best = min(found, key=lambda item: item[0])[1]
+    if single is None:
+        return best
+    cheaper = (best.gpus > 1 and best.hourly is not None and single.hourly is not None
+               and best.hourly <= single.hourly and best.unit_price < single.unit_price)
+    return best if cheaper else single
+
+
+def smallest_cluster(states: States, acts: Activations, gpu: Gpu,
+                     table: GpuTable | None = None) -> tuple[int | None, Setup]:
+    """How many ``gpu`` cards ZeRO-3 (with checkpointing when the model has blocks) would need to
+    hold one sample per GPU, and that setup; ``(None, setup at 64)`` when no number would: what
+    is not divided (buffers, framework, the gathered layer, one sample's activations) alone
+    exceeds one card."""
+    table = table or gpu_table()
+    checkpoint = acts.checkpointed is not None
+    probe = footprint(states, acts, "zero3", MAX_GPUS, checkpoint)
+    divided = states.zero_states
+    fixed = probe.static_bytes - divided / MAX_GPUS + probe.per_sample_bytes
+    room = gpu.memory_bytes / table.headroom - fixed
+    if room <= 0:
+        return None, probe
+    n = max(2, math.ceil(divided / room))
+    while footprint(states, acts, "zero3", n, checkpoint).peak_bytes(1) * table.headroom > gpu.memory_bytes:
+        n += 1  # float edge
+    return n, footprint(states, acts, "zero3", n, checkpoint)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 __all__ = ["Component", "Connection", "ErrorBody", "Graph", "Health", "PlanRequest", "PlanResponse", "Source"]
 
@@ -79,6 +79,13 @@ class PlanRequest(BaseModel):
     seq_len: Optional[StrictInt] = Field(None, ge=1, le=2**31, description="tokens per sample for sizing")
     attention: Optional[Literal["sdpa", "flash", "eager"]] = Field(
         None, description="only eager stores the attention score matrix")
+    finetune: Optional[Literal["full", "lora", "qlora"]] = Field(
+        None, description="what fit and cost size: full training (default), LoRA or QLoRA fine-tuning")
+    context: Optional[StrictInt] = Field(None, ge=1, le=2**31, description="tokens of context for serving")
+    gpu: Optional[StrictStr] = Field(None, max_length=64,
+                                     description="plan for this card or cluster only: NAME or NAMExN, e.g. H100x8")
+    usd_per_hour: Optional[StrictFloat] = Field(
+        None, gt=0, le=10_000, description="price per GPU-hour of the gpu asked for (cards without a list price)")
 
 
 class PlanResponse(BaseModel):

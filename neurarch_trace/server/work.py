@@ -26,7 +26,7 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from neurarch_trace.errors import GraphError
-from neurarch_trace.planner import make_plan
+from neurarch_trace.planner import OptionError, make_plan
 from neurarch_trace.server.errors import ApiError, validation_sentence
 from neurarch_trace.server.page import render_share_page
 from neurarch_trace.server.schemas import PlanRequest
@@ -183,8 +183,9 @@ def _plan(raw: bytes, max_depth: int) -> JobResult:
     body = parse_plan_request(parse_json(raw, max_depth))
     source = body.source.model_dump() if body.source is not None else None
     try:
-        answer = make_plan(body.model, source=source, base=body.base, seq_len=body.seq_len, attention=body.attention)
-    except GraphError as exc:
+        answer = make_plan(body.model, source=source, base=body.base, seq_len=body.seq_len, attention=body.attention,
+                           finetune=body.finetune, context=body.context, gpu=body.gpu, usd_per_hour=body.usd_per_hour)
+    except (GraphError, OptionError) as exc:  # a bad graph, or a bad option (an unknown gpu)
         raise ApiError(422, str(exc)) from None
     except OverflowError:
         raise ApiError(422, "a number in the graph is too large to plan: the plan overflows a 64-bit float") from None

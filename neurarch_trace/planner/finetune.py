@@ -1,0 +1,207 @@
+"""What a training step holds and computes in each mode: full training, LoRA or QLoRA fine-tuning.
+
+``full``: every parameter trains; the model states are the memory model's
+(:mod:`neurarch_trace.planner.memory`), 18 bytes per trainable parameter on one GPU.
+
+``lora`` (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", section 4): the
+base is frozen in 16 bits (2 bytes per parameter, no gradient, no optimizer state) and each adapted
+linear layer ``W (out x in)`` gains ``B (out x r) A (r x in)``: ``r x (in + out)`` trainable
+parameters, rank ``r`` = :data:`DEFAULT_RANK` unless asked. The adapted layers are every linear
+layer except the output layer, PEFT's ``target_modules="all-linear"`` ("all linear/Conv1D modules
+are chosen, excluding the output layer"), which covers the attention and MLP projections that
+Dettmers et al. 2023 (QLoRA, section 4) find must all be adapted to match full fine-tuning. The
+adapters train as full training does (PEFT keeps them in fp32 under autocast): 18 bytes each.
+
+``qlora`` (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs", section 3): the
+same adapters over a base whose adapted linear layers are stored in 4-bit NormalFloat (NF4) with
+block size 64 and double quantisation: 4 bits per weight plus 8/64 + 32/(64 x 256) = 0.127 bits of
+quantisation constants (:data:`NF4_BITS`); the other parameters (embeddings, norms, the output
+layer, which transformers' bitsandbytes integration leaves unquantised) stay in 16 bits. Compute
+runs in 16 bits: each quantised layer is dequantised to a 16-bit copy for its matmul
+(bitsandbytes ``MatMul4Bit``: ``F.dequantize_4bit(B, quant_state).to(A.dtype)``), one layer at a
+time. The optimizer states are paged (bitsandbytes' paged AdamW moves them to host memory only
+under memory pressure), so they are counted on the GPU.
+
+Activations are those of full training (every layer's output is still kept for the backward
+through the frozen base: the adapters' ``A`` reads each adapted layer's input), plus each adapter's
+``r``-wide intermediate.
+
+Training FLOPs per sample, with ``F`` the forward FLOPs and ``A`` the adapters' forward FLOPs
+(``2 x r x (in + out)`` per row of each adapted layer)::
+
+    full:        3 F                  (+ F with checkpointing: one more forward)
+    lora, qlora: 2 F + 3 A            (+ F + A with checkpointing)
+
+The backward of a matmul is two products the size of its forward, one for the input's gradient
+and one for the weight's (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", section
+2.1: C = 6N per token = 3 x 2N); a frozen weight needs only the first, so the frozen base costs
+2 x its forward, not 3 x. Hu et al. 2021 (section 4.2) measure the consequence: a 25% speedup of
+LoRA training over full fine-tuning on GPT-3 175B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from neurarch_trace.contract import Graph, Node, numel
+from neurarch_trace.planner.analysis import Analysis
+from neurarch_trace.planner.blocks import Blocks
+from neurarch_trace.planner.cost import BACKWARD_FACTOR
+from neurarch_trace.planner.estimate import size
+from neurarch_trace.planner.memory import (
+    ACTIVATION_BYTES,
+    ADAMW_BYTES,
+    FROZEN_BYTES,
+    GRADIENT_BYTES,
+    MASTER_WEIGHT_BYTES,
+    PACKED_BYTES,
+    WEIGHT16_BYTES,
+)
+from neurarch_trace.planner.strategy import ZERO_GRADIENT_BYTES, Activations, States
+
+__all__ = [
+    "DEFAULT_RANK",
+    "FROZEN_BACKWARD_FACTOR",
+    "MODES",
+    "NF4_BITS",
+    "NF4_BYTES",
+    "Adapted",
+    "Tuning",
+    "adaptable_linears",
+    "tuning",
+]
+
+#: The request's ``finetune`` values.
+MODES = ("full", "lora", "qlora")
+#: LoRA rank when none is asked for, stated on the card: between PEFT's ``LoraConfig`` default (8)
+#: and the QLoRA paper's 64 (Dettmers et al. 2023, appendix B); Hu et al. 2021 (section 7.2, table
+#: 6) find ranks of 1 to 8 already enough on GPT-3's query and value projections.
+DEFAULT_RANK = 16
+#: NF4 with double quantisation (Dettmers et al. 2023, section 3, "Double Quantization"): 4 bits
+#: per weight + one 8-bit constant per block of 64 + one fp32 constant per 256 of those blocks:
+#: 4 + 8/64 + 32/(64 x 256) = 4.126953125 bits (the paper rounds the constants to 0.127).
+NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
+NF4_BYTES = NF4_BITS / 8
+#: Forward + backward through frozen weights: 2 x forward (the input-gradient product only).
+FROZEN_BACKWARD_FACTOR = 2
+#: Bytes per adapter parameter: fp32 adapter 4 + its 16-bit autocast copy 2 + fp32 gradient 4 +
+#: AdamW 8, the memory model's full-training constants.
+ADAPTER_BYTES = WEIGHT16_BYTES + MASTER_WEIGHT_BYTES + GRADIENT_BYTES + ADAMW_BYTES
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """One linear layer that gets an adapter: ``rows`` per sample at the traced size."""
+
+    node: Node
+    in_features: int
+    out_features: int
+    rows: int
+    owns_params: bool
+
+
+@dataclass
+class Tuning:
+    """A mode's step: the states and activations to fit, the training FLOPs per sample (without
+    and with checkpointing), and for LoRA/QLoRA the adapters. ``applied`` is false when the mode
+    asked for could not apply (no linear layer to adapt): the step is then full training and
+    ``note`` says why."""
+
+    mode: str
+    asked: str
+    rank: int | None
+    states: States
+    acts: Activations
+    flops: float
+    flops_checkpointed: float
+    trainable: int
+    adapted: list[Adapted] = field(default_factory=list)
+    quantized_params: int = 0
+    base_bytes: float = 0.0
+    note: str | None = None
+
+    @property
+    def applied(self) -> bool:
+        return self.mode == self.asked
+
+    def train_flops(self, checkpoint: bool) -> float:
+        """Training FLOPs per sample (forward, backward and any recompute)."""
+        return self.flops_checkpointed if checkpoint else self.flops
+
+    def flops_factor(self, checkpoint: bool, forward: float) -> float:
+        """Training FLOPs per forward FLOP (3 for full training, 4 with checkpointing)."""
+        return self.train_flops(checkpoint) / forward if forward else 0.0
+
+
+def _is_output_layer(graph: Graph, node: Node) -> bool:
+    succs = graph.succs.get(node.id, [])
+    return bool(succs) and all(graph.by_id[s].type == "output" for s in succs)
+
+
+def adaptable_linears(graph: Graph) -> list[Adapted]:
+    """Every ``linear`` layer except the output layer (one whose outputs go only to output nodes),
+    as PEFT's ``all-linear`` chooses them; a repeated call of a module adds rows, not parameters."""
+    found: list[Adapted] = []
+    for node in graph.layers:
+        if node.type != "linear" or _is_output_layer(graph, node):
+            continue
+        fan_in = size(node.params, "inFeatures") or (node.input_shape[-1] if node.input_shape else None)
+        fan_out = size(node.params, "outFeatures") or (node.output_shape[-1] if node.output_shape else None)
+        if not fan_in or not fan_out:
+            continue
+        shape = node.input_shape or node.output_shape
+        width = fan_in if node.input_shape else fan_out
+        rows = max(1, numel(shape) // width) if shape else 1
+        found.append(Adapted(node, fan_in, fan_out, rows, not isinstance(node.measured.get("sharedWith"), str)))
+    return found
+
+
+def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
+    m = a.memory
+    states = States(
+        weights=m.weights_bytes, master=m.master_weight_bytes, gradients=m.gradient_bytes,
+        zero_gradients=a.counts.trainable * ZERO_GRADIENT_BYTES, optimizer=m.optimizer_bytes,
+        buffers=m.buffer_bytes, framework=m.framework_bytes,
+        gather=blocks.largest_layer_params * (WEIGHT16_BYTES + ZERO_GRADIENT_BYTES),
+    )
+    f = a.flops_per_sample
+    return Tuning("full", asked, None, states, _activations(a, blocks, 0.0), BACKWARD_FACTOR * f,
+                  (BACKWARD_FACTOR + 1) * f, a.counts.trainable, note=note)
+
+
+def _activations(a: Analysis, blocks: Blocks, extra: float) -> Activations:
+    plain = a.memory.per_sample_bytes + extra
+    saving = blocks.checkpoint_saving * a.work.scale
+    return Activations(plain, plain - saving if saving > 0 else None)
+
+
+def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_RANK) -> Tuning:
+    """The step of ``mode`` (``full``, ``lora`` or ``qlora``) at LoRA rank ``rank``."""
+    if mode == "full":
+        return _full(a, blocks, "full", None)
+    adapted = adaptable_linears(a.graph)
+    if not adapted:
+        name = "QLoRA" if mode == "qlora" else "LoRA"
+        return _full(a, blocks, mode, f"{name} needs linear layers to adapt and this model has none "
+                                      "besides its output layer: the plan is for full training")
+    c, scale = a.counts, a.work.scale
+    trainable = sum(rank * (x.in_features + x.out_features) for x in adapted if x.owns_params)
+    adapter_flops = sum(2 * rank * (x.in_features + x.out_features) * x.rows for x in adapted) * scale
+    adapter_acts = sum(rank * x.rows for x in adapted) * ACTIVATION_BYTES * scale
+    owned = [x for x in adapted if x.owns_params]
+    quantized = sum(x.in_features * x.out_features for x in owned) if mode == "qlora" else 0
+    base = (c.params - quantized) * FROZEN_BYTES + quantized * NF4_BYTES + c.packed * PACKED_BYTES
+    largest_q = max((x.in_features * x.out_features for x in owned), default=0) if mode == "qlora" else 0
+    states = States(
+        weights=base + trainable * WEIGHT16_BYTES, master=trainable * MASTER_WEIGHT_BYTES,
+        gradients=trainable * GRADIENT_BYTES, zero_gradients=trainable * ZERO_GRADIENT_BYTES,
+        optimizer=trainable * ADAMW_BYTES, buffers=a.memory.buffer_bytes, framework=a.memory.framework_bytes,
+        gather=blocks.largest_layer_params * FROZEN_BYTES, extra=largest_q * WEIGHT16_BYTES,
+    )
+    f = a.flops_per_sample
+    return Tuning(
+        mode, mode, rank, states, _activations(a, blocks, adapter_acts),
+        FROZEN_BACKWARD_FACTOR * f + BACKWARD_FACTOR * adapter_flops,
+        (FROZEN_BACKWARD_FACTOR + 1) * f + (BACKWARD_FACTOR + 1) * adapter_flops,
+        trainable, adapted, quantized, base,
+    )

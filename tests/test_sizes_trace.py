@@ -1,0 +1,71 @@
+"""The recorded LLaMA graphs of test_sizes.py are what the tracer writes today, and the plan of a
+fresh trace names the setups the issue asks for (torch and transformers; the meta device, so no
+weights are allocated)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from neurarch_trace import trace_model
+from neurarch_trace.planner import make_plan
+
+DATA = Path(__file__).parent / "data"
+LLAMA3_70B = dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                  num_key_value_heads=8, vocab_size=128256)
+
+
+def _trace(config: dict) -> dict:
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    return trace_model(model, torch.randint(0, 1000, (1, 2048), device="meta"))
+
+
+@pytest.mark.parametrize("name, config", [("llama7b_meta2048", {}), ("llama3_70b_meta2048", LLAMA3_70B)])
+def test_recorded_graph_matches_a_fresh_trace(name: str, config: dict) -> None:
+    fresh = _trace(config)
+    with gzip.open(DATA / f"{name}.neurarch.json.gz", "rt", encoding="utf-8") as f:
+        recorded = json.load(f)
+    for key in ("params", "flops", "activationBytes", "bufferBytes"):
+        assert fresh["measured"][key] == recorded["measured"][key], key
+    shapes = lambda g: [(c["name"], c["type"], c.get("outputShape"), c["params"]) for c in g["components"]]  # noqa: E731
+    assert shapes(fresh) == shapes(recorded)
+    plan = make_plan(fresh)["plan"]
+    # full training: several GPUs whose memory holds ZeRO-3's 16 bytes per parameter
+    fit = plan["fit"]
+    assert fit["gpus"] > 1 and fit["strategy"].startswith("zero")
+    assert fit["totalMemoryGb"] * 1e9 >= 16 * fresh["measured"]["params"]
+    assert plan["cost"]["training"]["usd"] > 0
+    # QLoRA on one GPU, serving on a named setup
+    qlora = make_plan(fresh, finetune="qlora")["plan"]
+    assert qlora["fit"]["gpus"] == 1 and qlora["cost"]["training"]["usd"] > 0
+    assert plan["serve"]["fits"] and plan["serve"]["peakGb"] > plan["serve"]["weightsGb"] / plan["serve"]["gpus"]
+
+
+def test_qlora_paper_65b_on_one_48gb_gpu() -> None:
+    """Dettmers et al. 2023 fine-tune LLaMA-65B on one 48 GB GPU. LLaMA-65B (hidden 8192, MLP 22016,
+    80 layers, 64 heads, vocabulary 32000) has 65,285,660,672 parameters, 64,760,053,760 of them in
+    the block linears: NF4 at 4.127 bits, 33.41 GB, + 525.6M others in 16 bits, 1.05 GB = 34.46 GB
+    of base; + 18 B x 199.9M adapters (3.60 GB), a dequantised 8192 x 22016 weight (0.36 GB) and 1
+    GB = 39.42 GB static. At 1024 tokens, with checkpointing, one sample adds 2.01 GB: 41.43 GB, x
+    1.15 = 47.6 GB <= 48 GB (borderline). At 2048 tokens it takes two."""
+    config = dict(hidden_size=8192, intermediate_size=22016, num_hidden_layers=80, num_attention_heads=64,
+                  num_key_value_heads=64, vocab_size=32000)
+    transformers = pytest.importorskip("transformers")
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    graph = trace_model(model, torch.randint(0, 1000, (1, 1024), device="meta"))
+    assert graph["measured"]["params"] == 65_285_660_672
+    plan = make_plan(graph, finetune="qlora", gpu="RTX-A6000")["plan"]
+    linears = 80 * (4 * 8192**2 + 3 * 8192 * 22016)
+    nf4 = (4 + 8 / 64 + 32 / (64 * 256)) / 8
+    assert plan["finetune"]["quantizedParams"] == linears == 64_760_053_760
+    assert plan["finetune"]["baseGb"] * 1e9 == pytest.approx(linears * nf4 + (65_285_660_672 - linears) * 2)
+    fit = plan["fit"]
+    assert (fit["gpus"], fit["strategy"], fit["batch"], fit["borderline"]) == (1, "single+ckpt", 1, True)
+    assert fit["needGb"] <= 48
