@@ -1,4 +1,5 @@
-"""``GET /p/<id>`` (HTML page) and ``GET /p/<id>.json`` (stored graph and plan).
+"""``GET /p/<id>`` (HTML page), ``GET /p/<id>.json`` (stored graph and plan), and the page's one
+script, the notebook widget's front-end bundle (``GET /p/_static/neurarch-widget.js``).
 
 An id that does not exist, or cannot exist, answers the same 404 ``{"error": "not found"}``:
 nothing says whether it was ever issued.
@@ -7,6 +8,7 @@ nothing says whether it was ever issued.
 from __future__ import annotations
 
 import json
+import secrets
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import HTMLResponse, Response
@@ -14,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from neurarch_trace.server.deps import get_store
 from neurarch_trace.server.errors import ApiError
-from neurarch_trace.server.page import CONTENT_SECURITY_POLICY, render_share_page
+from neurarch_trace.server.page import BUNDLE_ROUTE, bundle, content_security_policy, render_share_page
 from neurarch_trace.server.schemas import ErrorBody
 from neurarch_trace.server.store import Share, ShareStore
 
@@ -34,6 +36,17 @@ async def _load(store: ShareStore, share_id: str) -> Share:
     return share
 
 
+@router.get("/p/" + BUNDLE_ROUTE, include_in_schema=False)
+async def widget_bundle() -> Response:
+    """The front end the share page (and the notebook widget) runs; versioned by ``?v=<digest>``."""
+    try:
+        data, _ = bundle()
+    except OSError:
+        raise ApiError(404, "not found") from None
+    return Response(data, media_type="text/javascript; charset=utf-8",
+                    headers={"Cache-Control": "public, max-age=86400"})
+
+
 # Registered before /p/{share_id}, which would otherwise also match "<id>.json".
 @router.get("/p/{share_id}.json", summary="A shared graph and its plan", responses=_NOT_FOUND)
 async def share_json(share_id: str, store: ShareStore = Depends(get_store)) -> Response:
@@ -50,5 +63,7 @@ async def share_json(share_id: str, store: ShareStore = Depends(get_store)) -> R
             responses=_NOT_FOUND)
 async def share_page(share_id: str, store: ShareStore = Depends(get_store)) -> HTMLResponse:
     share = await _load(store, share_id)
-    page = await run_in_threadpool(render_share_page, share.id, share.created, share.text, share.plan)
-    return HTMLResponse(page, headers={**_SHARE_HEADERS, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
+    nonce = secrets.token_urlsafe(18)
+    page = await run_in_threadpool(
+        lambda: render_share_page(share.id, share.created, share.text, share.plan, nonce=nonce))
+    return HTMLResponse(page, headers={**_SHARE_HEADERS, "Content-Security-Policy": content_security_policy(nonce)})
