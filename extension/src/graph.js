@@ -93,34 +93,45 @@ function buildTree(nodes) {
   return root;
 }
 
-function childLabel(child, nodes) {
-  return child.group ? child.group.label : lastSegment(nodes[child.node].name);
+function edgeLeaf(child, nodes, last) {
+  let c = child;
+  while (c.group) c = c.group.children[last ? c.group.children.length - 1 : 0];
+  return lastSegment(nodes[c.node].name);
 }
 
-/** Splits every block with more than MAX_CHILDREN children into runs of consecutive children. */
+/** Splits every block with more than MAX_CHILDREN children into runs of consecutive children,
+ *  labelled by their first and last layer; inputs and outputs stay outside the runs. */
 function chunk(group, nodes) {
   for (const child of group.children) if (child.group) chunk(child.group, nodes);
+  const io = (child) => !child.group && !isLayer(nodes[child.node]);
+  const head = [];
+  const tail = [];
+  let body = group.children;
+  while (body.length && io(body[0])) head.push(body.shift());
+  while (body.length && io(body[body.length - 1])) tail.unshift(body.pop());
   let level = 0;
-  while (group.children.length > MAX_CHILDREN) {
+  while (body.length > MAX_CHILDREN) {
     const runs = [];
-    for (let start = 0; start < group.children.length; start += MAX_CHILDREN) {
-      const part = group.children.slice(start, start + MAX_CHILDREN);
+    for (let start = 0; start < body.length; start += MAX_CHILDREN) {
+      const part = body.slice(start, start + MAX_CHILDREN);
       const key = `${group.key}#${level}.${runs.length}`;
-      const label = `${childLabel(part[0], nodes)} … ${childLabel(part[part.length - 1], nodes)}`;
+      const label = `${edgeLeaf(part[0], nodes, false)} … ${edgeLeaf(part[part.length - 1], nodes, true)}`;
       const run = newGroup(key, label, group, true);
       run.children = part;
       for (const child of part) {
         if (child.group) child.group.parent = run;
         else nodes[child.node].group = run;
-        run.leaves += child.group ? child.group.leaves : (isLayer(nodes[child.node]) ? 1 : 0);
-        run.params += child.group ? child.group.params : (nodes[child.node].measured.params || 0);
-        run.flops += child.group ? child.group.flops : (nodes[child.node].measured.flops || 0);
+        const source = child.group || { leaves: isLayer(nodes[child.node]) ? 1 : 0, params: nodes[child.node].measured.params || 0, flops: nodes[child.node].measured.flops || 0 };
+        run.leaves += source.leaves;
+        run.params += source.params;
+        run.flops += source.flops;
       }
       runs.push({ group: run });
     }
-    group.children = runs;
+    body = runs;
     level += 1;
   }
+  group.children = [...head, ...body, ...tail];
 }
 
 function indexGroups(root) {

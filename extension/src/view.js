@@ -41,7 +41,9 @@ export function mount(el, host, { tableOpen = false } = {}) {
   update();
   el.replaceChildren(root);
   // The drawing fits its width once the element is on the page.
-  requestAnimationFrame(() => picture.relayout());
+  const view = doc.defaultView;
+  const later = view && view.requestAnimationFrame ? view.requestAnimationFrame.bind(view) : (f) => setTimeout(f, 0);
+  later(() => picture.relayout());
   return {
     el: root,
     picture,
