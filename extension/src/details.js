@@ -10,7 +10,7 @@ function hyper(params) {
   return Object.entries(params || {})
     .filter(([, v]) => v !== null && typeof v !== "object")
     .map(([k, v]) => `${k}=${v}`)
-    .join(", ");
+    .join("\n");
 }
 
 /** [[label, value], ...] for one layer node. */

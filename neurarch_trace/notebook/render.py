@@ -51,7 +51,7 @@ _CARD = (
 )
 _TH = "text-align: left; padding: 2px 10px 2px 0; border-bottom: 1px solid var(--jp-border-color1, #bbb);"
 _TR = "border-bottom: 1px solid var(--jp-border-color3, #eee);"
-_TD = "padding: 1px 10px 1px 0;"
+_TD = "text-align: left; padding: 1px 10px 1px 0;"
 _TDR = "padding: 1px 10px 1px 0; text-align: right;"
 _THR = _TH.replace("text-align: left", "text-align: right")
 
