@@ -471,7 +471,8 @@ def test_text_and_html_where_widgets_cannot_render(shell: InteractiveShell, scri
     html = data["text/html"]
     assert "<details><summary>Layers (4)</summary>" in html and "<script" not in html and " on" not in html.lower()
     # The table: input and output shapes per sample, parameters, FLOPs per sample, the totals row.
-    assert "<td style=\"padding: 1px 10px 1px 0;\">3x8x8</td><td style=\"padding: 1px 10px 1px 0;\">4x6x6</td>" in html
+    cell = '<td style="text-align: left; padding: 1px 10px 1px 0;">'
+    assert f"{cell}3x8x8</td>{cell}4x6x6</td>" in html
     assert ">7.8 KFLOPs</td>" in html and ">1.4 KFLOPs</td>" in html
     assert "Total (4 layers)" in html and "837 (trainable 837, frozen 0)" in html and ">9.2 KFLOPs</td>" in html
     scripted.answer["url"] = "http://127.0.0.1/p/abc?x=1&y=2"
