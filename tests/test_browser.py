@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -133,7 +132,8 @@ def _start_server(tmp: Path, api: str, *, disabled: tuple[str, ...] = ()) -> dic
     config = tmp / "config"
     if disabled:
         (config / "labconfig").mkdir(parents=True)
-        (config / "labconfig" / "page_config.json").write_text(json.dumps({"disabledExtensions": dict.fromkeys(disabled, True)}))
+        page_config = {"disabledExtensions": dict.fromkeys(disabled, True)}
+        (config / "labconfig" / "page_config.json").write_text(json.dumps(page_config))
     port = _free_port()
     token = "neurarch-test-token"
     env = dict(os.environ)
@@ -235,8 +235,9 @@ def _widget_checks(page: Any, server: dict, ids: list[str], prefix: str) -> None
     assert shared.locator(".neurarch-warnings").is_visible()
     _save(shared, f"{prefix}-widget-shared.png")
     shared.locator("button.neurarch-copy").click()
-    page.wait_for_function("() => [...document.querySelectorAll('button.neurarch-copy')].some(b => b.textContent === 'Copied')",
-                           timeout=10_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('button.neurarch-copy')].some(b => b.textContent === 'Copied')",
+        timeout=10_000)
     assert page.evaluate("() => navigator.clipboard.readText()") == href
 
     # Without a plan: the picture, the table, and a button naming the host.
@@ -249,7 +250,7 @@ def _widget_checks(page: Any, server: dict, ids: list[str], prefix: str) -> None
     picture = view.locator(".nt-picture")
     t0 = time.monotonic()
     view.locator(".nt-open-all").click()
-    page.wait_for_function("el => el.dataset.boxes === String(%d)" % len(ids), arg=picture.element_handle(), timeout=30_000)
+    page.wait_for_function(f"el => el.dataset.boxes === '{len(ids)}'", arg=picture.element_handle(), timeout=30_000)
     drawn = view.locator("svg [data-node-id]").evaluate_all("els => els.map(e => e.getAttribute('data-node-id'))")
     assert sorted(drawn) == sorted(ids), (drawn, ids)  # one element per component, each once
     assert view.locator(".nt-edge-residual").count() == 2 and view.locator(".nt-edge-concat").count() == 2
@@ -265,7 +266,8 @@ def _widget_checks(page: Any, server: dict, ids: list[str], prefix: str) -> None
     view.get_by_text("Layers (8)").click()
     table = view.locator("table.neurarch-layers")
     table.wait_for(state="visible", timeout=10_000)
-    assert "conv2d" in table.inner_text() and "8x16x16" in table.inner_text() and "Total (8 layers)" in table.inner_text()
+    rows = table.inner_text()
+    assert "conv2d" in rows and "8x16x16" in rows and "Total (8 layers)" in rows
     _save(view, f"{prefix}-widget-picture.png")
     button.click()
     planned = view.locator("pre.neurarch-card", has_text="ButtonNet")
@@ -301,9 +303,9 @@ def test_fallback_when_the_front_end_cannot_run_the_widget(tmp_path: Path, servi
         assert "Not planned: nothing was sent" in unplanned.inner_text()
         unplanned.get_by_text("Layers (8)").click()
         assert "Total (8 layers)" in unplanned.locator("table.neurarch-layers").inner_text()
-        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-                               " || window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
-                               timeout=RUN_TIMEOUT_MS)
+        page.wait_for_function(
+            "() => { const s = window.jupyterapp.shell.currentWidget.sessionContext.session;"
+            " return !s.kernel || s.kernel.status === 'idle'; }", timeout=RUN_TIMEOUT_MS)
         time.sleep(2)  # a front end that ran the widget would have swapped the outputs by now
         assert page.locator(".neurarch-widget").count() == 0
         assert page.locator("pre.neurarch-card").count() == 1
