@@ -110,13 +110,13 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     running.stop()
 
 
-def _start_server(tmp: Path, api: str, *, disabled: tuple[str, ...] = ()) -> dict:
+def _start_server(tmp: Path, api: str, *, disabled: tuple[str, ...] = (), cells: list[str] = CELLS) -> dict:
     """A Jupyter server (JupyterLab and Notebook 7) on a free loopback port, with a token, serving
-    a fresh copy of the test notebook; ``disabled`` names lab extensions turned off."""
+    a fresh copy of the test notebook (``cells``); ``disabled`` names lab extensions turned off."""
     root = tmp / "root"
     root.mkdir()
     nb = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(src) for src in CELLS],
+        cells=[nbformat.v4.new_code_cell(src) for src in cells],
         metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
     )
     for name in ("lab.ipynb", "classic.ipynb", "fallback.ipynb"):

@@ -128,6 +128,7 @@ export async function mountShare(root, fetcher = fetch) {
     mount(holder, staticHost(shareState(doc, pageUrl)), { tableOpen: true });
     root.replaceChildren(...holder.childNodes);
     root.setAttribute("data-neurarch-mounted", "");
+    root.dataset.mountedAt = String(performance.now()); // for bench/bench_widget.py
   } catch (err) {
     root.prepend(h("p", { class: "nt-muted", text: `The interactive view did not load (${err && err.message ? err.message : err}); this is the page without it.` }));
   }
