@@ -312,3 +312,35 @@ def test_fallback_when_the_front_end_cannot_run_the_widget(tmp_path: Path, servi
         _save(page, "fallback-page.png")
     finally:
         server["stop"]()
+
+
+def test_share_page_draws_the_same_view(service: Any, browser: Any) -> None:
+    """/p/<id> runs the same bundle under its nonce CSP: the picture, the table and the card, and
+    not one console error (a refused script or fetch would log one)."""
+    import requests
+    import torch
+    from torch import nn
+
+    from neurarch_trace.tracer import trace_model
+
+    scope: dict[str, Any] = {"torch": torch, "nn": nn}
+    exec(MODEL, scope)  # noqa: S102 - the test's own model source
+    graph = trace_model(scope["BrowserNet"](), (torch.randn(1, 3, 16, 16),), name="<b>Shared</b>")
+    url = requests.post(service.url + "/api/v1/plan", json={"model": graph, "share": True}, timeout=60).json()["url"]
+    page = browser.new_page(viewport={"width": 1280, "height": 1400})
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type in ("error", "warning") else None)
+    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    page.goto(url)
+    root = page.locator("[data-neurarch-mounted]")
+    root.wait_for(timeout=30_000)
+    assert root.locator("pre.neurarch-card").inner_text().startswith("+---")
+    assert root.locator("a.neurarch-share-link").get_attribute("href") == url
+    assert root.locator(".neurarch-name").inner_text() == "<b>Shared</b>"  # text, never markup
+    root.locator(".nt-open-all").click()
+    drawn = root.locator("svg [data-node-id]").evaluate_all("els => els.map(e => e.getAttribute('data-node-id'))")
+    assert sorted(drawn) == sorted(c["id"] for c in graph["components"])
+    assert "Total (8 layers)" in root.locator("table.neurarch-layers").inner_text()
+    _save(page, "share-page.png")
+    page.close()
+    assert errors == []

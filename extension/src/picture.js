@@ -55,185 +55,186 @@ function drawCluster(cluster) {
     s("text", { class: "nt-cluster-label", x: cluster.x + 6, y: cluster.y + 12, text: label }));
 }
 
-export function createPicture(model, { onChange } = {}) {
-  instances += 1;
-  const arrowId = `nt-arrow-${instances}`;
-  const deepest = maxDepth(model);
-  const state = { level: fittingLevel(model, INITIAL_BOXES), expanded: null, zoom: 1, pinned: null, drawn: null };
-  state.expanded = expandedAtLevel(model, state.level);
+const button = (text, title, onclick, cls) => h("button", { type: "button", class: `nt-btn ${cls}`, title, onclick, text });
 
-  const canvas = h("div", { class: "nt-canvas" });
-  const tip = h("div", { class: "nt-tip", hidden: true });
-  const panel = h("div", { class: "nt-panel" });
-  const status = h("span", { class: "nt-status" });
-  const note = h("span", { class: "nt-note" });
-  const button = (text, title, onclick, cls = "") => h("button", { type: "button", class: `nt-btn ${cls}`, title, onclick, text });
-  const depthLabel = h("span", { class: "nt-depth" });
-  const toolbar = h("div", { class: "nt-toolbar" },
-    button("−", "Close the deepest open blocks", () => setLevel(state.level - 1), "nt-less"),
-    depthLabel,
-    button("+", "Open one more level of blocks", () => setLevel(state.level + 1), "nt-more"),
-    button("Open all", "Open every block (as deep as fits)", () => setLevel(deepest), "nt-open-all"),
-    button("Close all", "Close every block", () => setLevel(0), "nt-close-all"),
-    button("Fit", "Fit the drawing to the width", () => zoomTo("fit"), "nt-fit"),
-    button("1:1", "Draw at full size", () => zoomTo(1), "nt-full"),
-    status, note);
-  const stage = h("div", { class: "nt-stage" }, canvas, panel);
-  canvas.append(tip);
-  const el = h("div", { class: "nt-picture" }, toolbar, stage);
-
-  function boxesFor(expanded) {
-    return visibleGraph(model, expanded);
+/** The picture of one graph: `el` (the toolbar, the drawing and the side panel) and its state. */
+export class Picture {
+  constructor(model, { onChange } = {}) {
+    instances += 1;
+    this.model = model;
+    this.onChange = onChange;
+    this.arrowId = `nt-arrow-${instances}`;
+    this.deepest = maxDepth(model);
+    const level = fittingLevel(model, INITIAL_BOXES);
+    this.state = { level, expanded: expandedAtLevel(model, level), zoom: 1, pinned: null, drawn: null };
+    this.canvas = h("div", { class: "nt-canvas" });
+    this.tip = h("div", { class: "nt-tip", hidden: true });
+    this.panel = h("div", { class: "nt-panel" });
+    this.status = h("span", { class: "nt-status" });
+    this.note = h("span", { class: "nt-note" });
+    this.depthLabel = h("span", { class: "nt-depth" });
+    this.canvas.append(this.tip);
+    this.el = h("div", { class: "nt-picture" }, this.toolbar(), h("div", { class: "nt-stage" }, this.canvas, this.panel));
+    this.canvas.addEventListener("mousemove", (event) => this.hover(event));
+    this.canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; });
+    this.canvas.addEventListener("click", (event) => this.click(event));
+    this.showPanel(null);
+    this.apply(this.state.expanded);
   }
 
-  /** Draws `expanded` when it stays within MAX_BOXES; returns whether it did. */
-  function apply(expanded, level = null) {
-    const vis = boxesFor(expanded);
+  toolbar() {
+    return h("div", { class: "nt-toolbar" },
+      button("−", "Close the deepest open blocks", () => this.setLevel(this.state.level - 1), "nt-less"),
+      this.depthLabel,
+      button("+", "Open one more level of blocks", () => this.setLevel(this.state.level + 1), "nt-more"),
+      button("Open all", "Open every block (as deep as fits)", () => this.setLevel(this.deepest), "nt-open-all"),
+      button("Close all", "Close every block", () => this.setLevel(0), "nt-close-all"),
+      button("Fit", "Fit the drawing to the width", () => this.zoomTo("fit"), "nt-fit"),
+      button("1:1", "Draw at full size", () => this.zoomTo(1), "nt-full"),
+      this.status, this.note);
+  }
+
+  /** Draws the open blocks `expanded` when that stays within MAX_BOXES; returns whether it did. */
+  apply(expanded, level = null) {
+    const vis = visibleGraph(this.model, expanded);
     if (vis.units.length > MAX_BOXES) {
-      note.textContent = `That would draw ${vis.units.length.toLocaleString("en-US")} boxes (at most ${MAX_BOXES}): open single blocks instead.`;
+      this.note.textContent = `That would draw ${vis.units.length.toLocaleString("en-US")} boxes (at most ${MAX_BOXES}): open single blocks instead.`;
       return false;
     }
-    note.textContent = "";
-    state.expanded = expanded;
-    if (level !== null) state.level = level;
-    draw(vis);
+    this.note.textContent = "";
+    this.state.expanded = expanded;
+    if (level !== null) this.state.level = level;
+    this.draw(vis);
     return true;
   }
 
-  function setLevel(level) {
-    const target = Math.max(0, Math.min(deepest, level));
+  /** Opens every block down to `level` (as deep as stays within MAX_BOXES). */
+  setLevel(level) {
+    const target = Math.max(0, Math.min(this.deepest, level));
     let fit = target;
-    while (fit > 0 && countAtLevel(model, fit) > MAX_BOXES) fit -= 1;
-    apply(expandedAtLevel(model, fit), fit);
+    while (fit > 0 && countAtLevel(this.model, fit) > MAX_BOXES) fit -= 1;
+    this.apply(expandedAtLevel(this.model, fit), fit);
     if (fit < target) {
-      note.textContent = `Depth ${target} would draw ${countAtLevel(model, target).toLocaleString("en-US")} boxes `
+      this.note.textContent = `Depth ${target} would draw ${countAtLevel(this.model, target).toLocaleString("en-US")} boxes `
         + `(at most ${MAX_BOXES}): open single blocks to go deeper.`;
     }
   }
 
-  function toggle(key) {
-    const next = new Set(state.expanded);
+  /** Opens a closed block, or closes an open one and everything inside it. */
+  toggle(key) {
+    const next = new Set(this.state.expanded);
     if (next.has(key)) {
       for (const k of [...next]) if (k === key || k.startsWith(`${key}.`) || k.startsWith(`${key}#`)) next.delete(k);
     } else {
       next.add(key);
     }
-    apply(next);
+    this.apply(next);
   }
 
-  function draw(vis) {
+  draw(vis) {
     const t0 = performance.now();
     const geo = layoutVisible(vis);
     const svg = s("svg", { class: "nt-svg", viewBox: `0 0 ${geo.width} ${geo.height}`, role: "img",
-      "aria-label": `${model.name}: ${vis.units.length} boxes` });
-    svg.append(s("defs", {}, s("marker", { id: arrowId, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
+      "aria-label": `${this.model.name}: ${vis.units.length} boxes` });
+    svg.append(s("defs", {}, s("marker", { id: this.arrowId, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
       s("path", { d: "M0,0 L10,5 L0,10 z", class: "nt-arrowhead" }))));
-    const clusters = s("g", { class: "nt-clusters" }, ...geo.clusters.map(drawCluster));
-    const edges = s("g", { class: "nt-edges" }, ...geo.edges.map((e) => s("path", {
-      class: `nt-edge nt-edge-${e.kind}`, d: pathOf(e.points), "marker-end": `url(#${arrowId})`,
-      "data-from": vis.units[e.from].kind === "node" ? vis.units[e.from].node.id : null,
-      "data-to": vis.units[e.to].kind === "node" ? vis.units[e.to].node.id : null })));
-    const boxes = s("g", { class: "nt-boxes" }, ...geo.boxes.map((box, i) => drawBox(box, vis.units[i], i)));
-    svg.append(clusters, edges, boxes);
-    for (const old of canvas.querySelectorAll("svg")) old.remove();
-    canvas.prepend(svg);
-    state.drawn = { vis, geo, svg, ms: performance.now() - t0 };
-    const layers = model.nodes.length;
-    status.textContent = `${vis.units.length} of ${layers} boxes`;
-    depthLabel.textContent = `depth ${state.level}/${deepest}`;
-    el.dataset.boxes = String(vis.units.length);
-    el.dataset.renderMs = state.drawn.ms.toFixed(1);
-    applyZoom();
-    markPinned();
-    if (onChange) onChange(state);
+    const idOf = (unit) => (unit.kind === "node" ? unit.node.id : null);
+    const edges = geo.edges.map((e) => s("path", { class: `nt-edge nt-edge-${e.kind}`, d: pathOf(e.points),
+      "marker-end": `url(#${this.arrowId})`, "data-from": idOf(vis.units[e.from]), "data-to": idOf(vis.units[e.to]) }));
+    svg.append(s("g", { class: "nt-clusters" }, ...geo.clusters.map(drawCluster)), s("g", { class: "nt-edges" }, ...edges),
+      s("g", { class: "nt-boxes" }, ...geo.boxes.map((box, i) => drawBox(box, vis.units[i], i))));
+    for (const old of this.canvas.querySelectorAll("svg")) old.remove();
+    this.canvas.prepend(svg);
+    this.state.drawn = { vis, geo, svg, ms: performance.now() - t0 };
+    this.status.textContent = `${vis.units.length} of ${this.model.nodes.length} boxes`;
+    this.depthLabel.textContent = `depth ${this.state.level}/${this.deepest}`;
+    this.el.dataset.boxes = String(vis.units.length);
+    this.el.dataset.renderMs = this.state.drawn.ms.toFixed(1);
+    this.relayout();
+    this.markPinned();
+    if (this.onChange) this.onChange(this.state);
   }
 
-  function applyZoom() {
-    const geo = state.drawn && state.drawn.geo;
-    if (!geo) return;
-    let zoom = state.zoom;
-    if (zoom === "fit") zoom = Math.min(1, Math.max(0.2, (canvas.clientWidth - 4) / Math.max(1, geo.width)));
-    state.drawn.svg.setAttribute("width", String(Math.ceil(geo.width * zoom)));
-    state.drawn.svg.setAttribute("height", String(Math.ceil(geo.height * zoom)));
+  /** Sizes the drawing for the zoom (and, with "fit", the canvas width). */
+  relayout() {
+    const drawn = this.state.drawn;
+    if (!drawn) return;
+    let zoom = this.state.zoom;
+    if (zoom === "fit") zoom = Math.min(1, Math.max(0.2, (this.canvas.clientWidth - 4) / Math.max(1, drawn.geo.width)));
+    drawn.svg.setAttribute("width", String(Math.ceil(drawn.geo.width * zoom)));
+    drawn.svg.setAttribute("height", String(Math.ceil(drawn.geo.height * zoom)));
   }
 
-  function zoomTo(zoom) {
-    state.zoom = zoom;
-    applyZoom();
+  zoomTo(zoom) {
+    this.state.zoom = zoom;
+    this.relayout();
   }
 
-  function unitAt(target) {
+  unitAt(target) {
     const box = target.closest && target.closest("[data-unit]");
-    if (!box || !state.drawn) return null;
-    return state.drawn.vis.units[Number(box.getAttribute("data-unit"))] || null;
+    if (!box || !this.state.drawn) return null;
+    return this.state.drawn.vis.units[Number(box.getAttribute("data-unit"))] || null;
   }
 
-  function showPanel(unit) {
-    panel.replaceChildren();
+  showPanel(unit) {
+    this.panel.replaceChildren();
     if (!unit) {
-      panel.append(h("div", { class: "nt-hint", text: "Hover a box for its facts; click a layer to pin them here, click a block to open it." }));
+      this.panel.append(h("div", { class: "nt-hint", text: "Hover a box for its facts; click a layer to pin them here, click a block to open it." }));
       return;
     }
-    panel.append(unitFacts(model, unit), h("button", { type: "button", class: "nt-btn nt-unpin", text: "Unpin", onclick: () => pin(null) }));
+    this.panel.append(unitFacts(this.model, unit), button("Unpin", "Unpin", () => this.pin(null), "nt-unpin"));
   }
 
-  function markPinned() {
-    if (!state.drawn) return;
-    for (const old of state.drawn.svg.querySelectorAll(".nt-pinned")) old.classList.remove("nt-pinned");
-    if (state.pinned) {
-      const found = findNode(state.drawn.svg, state.pinned.id);
-      if (found) found.classList.add("nt-pinned");
-    }
+  markPinned() {
+    const drawn = this.state.drawn;
+    if (!drawn) return;
+    for (const old of drawn.svg.querySelectorAll(".nt-pinned")) old.classList.remove("nt-pinned");
+    const found = this.state.pinned && findNode(drawn.svg, this.state.pinned.id);
+    if (found) found.classList.add("nt-pinned");
   }
 
-  function pin(node) {
-    state.pinned = node;
-    showPanel(node ? { kind: "node", node } : null);
-    markPinned();
+  pin(node) {
+    this.state.pinned = node;
+    this.showPanel(node ? { kind: "node", node } : null);
+    this.markPinned();
   }
 
-  canvas.addEventListener("mousemove", (event) => {
-    const unit = unitAt(event.target);
+  hover(event) {
+    const unit = this.unitAt(event.target);
     if (!unit) {
-      tip.hidden = true;
+      this.tip.hidden = true;
       return;
     }
-    tip.replaceChildren(unitFacts(model, unit));
-    tip.hidden = false;
-    const rect = canvas.getBoundingClientRect();
-    tip.style.left = `${event.clientX - rect.left + canvas.scrollLeft + 14}px`;
-    tip.style.top = `${event.clientY - rect.top + canvas.scrollTop + 14}px`;
-  });
-  canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
-  canvas.addEventListener("click", (event) => {
+    this.tip.replaceChildren(unitFacts(this.model, unit));
+    this.tip.hidden = false;
+    const rect = this.canvas.getBoundingClientRect();
+    this.tip.style.left = `${event.clientX - rect.left + this.canvas.scrollLeft + 14}px`;
+    this.tip.style.top = `${event.clientY - rect.top + this.canvas.scrollTop + 14}px`;
+  }
+
+  click(event) {
     const header = event.target.closest && event.target.closest(".nt-cluster-label");
     if (header) {
-      toggle(header.parentNode.getAttribute("data-scope"));
+      this.toggle(header.parentNode.getAttribute("data-scope"));
       return;
     }
-    const unit = unitAt(event.target);
+    const unit = this.unitAt(event.target);
     if (!unit) return;
-    tip.hidden = true;
-    if (unit.kind === "group") toggle(unit.group.key);
-    else pin(unit.node);
-  });
+    this.tip.hidden = true;
+    if (unit.kind === "group") this.toggle(unit.group.key);
+    else this.pin(unit.node);
+  }
 
-  showPanel(null);
-  apply(state.expanded);
+  /** Opens the blocks around layer `index`, pins it and scrolls it into view. */
+  reveal(index) {
+    const node = this.model.nodes[index];
+    if (!this.apply(reveal(this.model, this.state.expanded, index))) return;
+    this.pin(node);
+    const found = findNode(this.state.drawn.svg, node.id);
+    if (found && found.scrollIntoView) found.scrollIntoView({ block: "nearest", inline: "nearest" });
+  }
+}
 
-  return {
-    el,
-    state,
-    setLevel,
-    toggle,
-    /** Opens the blocks around layer `index`, pins it and scrolls it into view. */
-    reveal(index) {
-      const node = model.nodes[index];
-      if (!apply(reveal(model, state.expanded, index))) return;
-      pin(node);
-      const found = findNode(state.drawn.svg, node.id);
-      if (found && found.scrollIntoView) found.scrollIntoView({ block: "nearest", inline: "nearest" });
-    },
-    relayout: applyZoom,
-  };
+export function createPicture(model, options = {}) {
+  return new Picture(model, options);
 }

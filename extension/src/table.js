@@ -64,92 +64,106 @@ export function matches(row, query) {
   return row.name.toLowerCase().includes(q) || row.type.toLowerCase().includes(q);
 }
 
-export function createTable(model, { onSelect } = {}) {
-  const rows = layerRows(model);
-  const all = totals(model, rows);
-  const columns = COLUMNS.filter((c) => !c.optional || hasSaved(rows));
-  const state = { sort: null, dir: 1, query: "", scope: "", limit: ROW_PAGE };
+function totalsRow(columns, label, t, cls) {
+  const cells = columns.map((c) => {
+    switch (c.key) {
+      case "name": return h("td", {}, h("b", { text: label }));
+      case "params": {
+        const split = typeof t.trainable === "number" && typeof t.frozen === "number"
+          ? ` (trainable ${count(t.trainable)}, frozen ${count(t.frozen)})` : "";
+        return h("td", { class: "nt-num", text: `${exact(t.params)}${split}` });
+      }
+      case "flops": return h("td", { class: "nt-num", text: flops(t.flops) });
+      case "saved": return h("td", { class: "nt-num", text: t.saved === null ? "-" : bytes(t.saved) });
+      default: return h("td");
+    }
+  });
+  return h("tr", { class: cls }, ...cells);
+}
 
-  const search = h("input", { type: "search", class: "nt-search", placeholder: "search layers by name or type", "aria-label": "Search layers" });
-  const scope = h("select", { class: "nt-scope", "aria-label": "Filter by block" }, ...scopeOptions(model));
-  const shown = h("span", { class: "nt-shown" });
-  const head = h("tr", {}, ...columns.map((c) => h("th", { class: c.num ? "nt-num" : "", "data-key": c.key, title: "Sort", text: c.label })));
-  const body = h("tbody");
-  const foot = h("tfoot");
-  const more = h("button", { type: "button", class: "nt-btn nt-more-rows", hidden: true });
-  const table = h("table", { class: "nt-table neurarch-layers" }, h("thead", {}, head), body, foot);
-  const el = h("div", { class: "nt-layers" },
-    h("div", { class: "nt-table-tools" }, search, scope, shown),
-    h("div", { class: "nt-table-scroll" }, table), more);
+const sum = (rows, key) => rows.reduce((a, r) => a + (r[key] || 0), 0);
 
-  function visibleRows() {
-    const found = rows.filter((r) => inScope(r, state.scope) && matches(r, state.query));
-    if (state.sort) {
-      const col = columns.find((c) => c.key === state.sort);
+/** The layer table of one graph: `el` and its state (sort, query, scope, rows drawn). */
+export class LayerTable {
+  constructor(model, { onSelect } = {}) {
+    this.rows = layerRows(model);
+    this.totals = totals(model, this.rows);
+    this.onSelect = onSelect;
+    this.columns = COLUMNS.filter((c) => !c.optional || hasSaved(this.rows));
+    this.state = { sort: null, dir: 1, query: "", scope: "", limit: ROW_PAGE };
+    this.search = h("input", { type: "search", class: "nt-search", placeholder: "search layers by name or type", "aria-label": "Search layers" });
+    this.scope = h("select", { class: "nt-scope", "aria-label": "Filter by block" }, ...scopeOptions(model));
+    this.shown = h("span", { class: "nt-shown" });
+    this.head = h("tr", {}, ...this.columns.map((c) => h("th", { class: c.num ? "nt-num" : "", "data-key": c.key, title: "Sort", text: c.label })));
+    this.body = h("tbody");
+    this.foot = h("tfoot");
+    this.more = h("button", { type: "button", class: "nt-btn nt-more-rows", hidden: true });
+    const table = h("table", { class: "nt-table neurarch-layers" }, h("thead", {}, this.head), this.body, this.foot);
+    this.el = h("div", { class: "nt-layers" }, h("div", { class: "nt-table-tools" }, this.search, this.scope, this.shown),
+      h("div", { class: "nt-table-scroll" }, table), this.more);
+    this.head.addEventListener("click", (event) => this.sortBy(event.target.closest("th")));
+    this.search.addEventListener("input", () => this.filter({ query: this.search.value.trim() }));
+    this.scope.addEventListener("change", () => this.filter({ scope: this.scope.value }));
+    this.more.addEventListener("click", () => { this.state.limit += ROW_PAGE; this.render(); });
+    this.render();
+  }
+
+  /** The rows that pass the search and the block filter, in the chosen order. */
+  visibleRows() {
+    const found = this.rows.filter((r) => inScope(r, this.state.scope) && matches(r, this.state.query));
+    if (this.state.sort) {
+      const col = this.columns.find((c) => c.key === this.state.sort);
       found.sort((a, b) => {
         const x = col.sort(a);
         const y = col.sort(b);
-        return (x < y ? -1 : x > y ? 1 : 0) * state.dir || a.index - b.index;
+        return (x < y ? -1 : x > y ? 1 : 0) * this.state.dir || a.index - b.index;
       });
     }
     return found;
   }
 
-  function totalsRow(label, t, cls) {
-    const cells = columns.map((c) => {
-      switch (c.key) {
-        case "name": return h("td", { colspan: 1 }, h("b", { text: label }));
-        case "params": {
-          const split = t.trainable !== null && t.trainable !== undefined && t.frozen !== null && t.frozen !== undefined
-            ? ` (trainable ${count(t.trainable)}, frozen ${count(t.frozen)})` : "";
-          return h("td", { class: "nt-num", text: `${exact(t.params)}${split}` });
-        }
-        case "flops": return h("td", { class: "nt-num", text: flops(t.flops) });
-        case "saved": return h("td", { class: "nt-num", text: t.saved === null ? "-" : bytes(t.saved) });
-        default: return h("td");
-      }
-    });
-    return h("tr", { class: cls }, ...cells);
-  }
-
-  function render() {
-    const found = visibleRows();
-    body.replaceChildren(...found.slice(0, state.limit).map((row) => {
-      const tr = h("tr", { "data-node-id": row.id, title: "Show in the picture" }, ...columns.map((c) => cell(row, c.key)));
-      tr.addEventListener("click", () => onSelect && onSelect(row.index));
-      return tr;
-    }));
-    const filtered = found.length !== rows.length;
-    const sub = {
-      params: found.reduce((a, r) => a + (r.params || 0), 0), trainable: null, frozen: null,
-      flops: found.reduce((a, r) => a + (r.flops || 0), 0), saved: all.saved === null ? null : found.reduce((a, r) => a + (r.saved || 0), 0),
-    };
-    foot.replaceChildren(...[filtered ? totalsRow(`Shown (${found.length} of ${rows.length})`, sub, "nt-subtotal") : null,
-      totalsRow(`Total (${rows.length} layers)`, all, "nt-total")].filter(Boolean));
-    shown.textContent = filtered ? `${found.length} of ${rows.length} layers` : `${rows.length} layers`;
-    const left = found.length - Math.min(found.length, state.limit);
-    more.hidden = left <= 0;
-    more.textContent = left > 0 ? `Show ${Math.min(left, ROW_PAGE)} more (${left} not shown)` : "";
-    for (const th of head.children) {
-      const key = th.getAttribute("data-key");
-      th.setAttribute("aria-sort", key === state.sort ? (state.dir > 0 ? "ascending" : "descending") : "none");
-    }
-  }
-
-  head.addEventListener("click", (event) => {
-    const th = event.target.closest("th");
+  sortBy(th) {
     if (!th) return;
     const key = th.getAttribute("data-key");
-    if (state.sort === key) state.dir = -state.dir;
+    if (this.state.sort === key) this.state.dir = -this.state.dir;
     else {
-      state.sort = key;
-      state.dir = columns.find((c) => c.key === key).num ? -1 : 1; // numbers: largest first
+      this.state.sort = key;
+      this.state.dir = this.columns.find((c) => c.key === key).num ? -1 : 1; // numbers: largest first
     }
-    render();
-  });
-  search.addEventListener("input", () => { state.query = search.value.trim(); state.limit = ROW_PAGE; render(); });
-  scope.addEventListener("change", () => { state.scope = scope.value; state.limit = ROW_PAGE; render(); });
-  more.addEventListener("click", () => { state.limit += ROW_PAGE; render(); });
-  render();
-  return { el, state, render, rows, totals: all };
+    this.render();
+  }
+
+  filter(change) {
+    Object.assign(this.state, change, { limit: ROW_PAGE });
+    this.render();
+  }
+
+  row(row) {
+    const tr = h("tr", { "data-node-id": row.id, title: "Show in the picture" }, ...this.columns.map((c) => cell(row, c.key)));
+    tr.addEventListener("click", () => this.onSelect && this.onSelect(row.index));
+    return tr;
+  }
+
+  render() {
+    const found = this.visibleRows();
+    const all = this.totals;
+    this.body.replaceChildren(...found.slice(0, this.state.limit).map((r) => this.row(r)));
+    const filtered = found.length !== this.rows.length;
+    const sub = { params: sum(found, "params"), flops: sum(found, "flops"), saved: all.saved === null ? null : sum(found, "saved") };
+    this.foot.replaceChildren(...[
+      filtered ? totalsRow(this.columns, `Shown (${found.length} of ${this.rows.length})`, sub, "nt-subtotal") : null,
+      totalsRow(this.columns, `Total (${this.rows.length} layers)`, all, "nt-total")].filter(Boolean));
+    this.shown.textContent = filtered ? `${found.length} of ${this.rows.length} layers` : `${this.rows.length} layers`;
+    const left = found.length - Math.min(found.length, this.state.limit);
+    this.more.hidden = left <= 0;
+    this.more.textContent = left > 0 ? `Show ${Math.min(left, ROW_PAGE)} more (${left} not shown)` : "";
+    for (const th of this.head.children) {
+      const key = th.getAttribute("data-key");
+      th.setAttribute("aria-sort", key === this.state.sort ? (this.state.dir > 0 ? "ascending" : "descending") : "none");
+    }
+  }
+}
+
+export function createTable(model, options = {}) {
+  return new LayerTable(model, options);
 }
