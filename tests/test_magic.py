@@ -518,11 +518,11 @@ def test_saved_bytes_column_and_measured_memory_show_when_the_graph_has_them(she
     for comp in r.graph["components"]:
         if comp["type"] == "conv2d":
             comp["measured"]["savedBytes"] = 2 * 3 * 8 * 8 * 4  # the input, float32, at batch 2
-    r.graph["measured"]["training"] = {"peakBytes": 12_345_678, "peakPhase": "backward"}
+    r.graph["measured"]["training"] = {"peakBytes": 12_345_678, "peakPhase": "backward", "stateBytes": {"params": 4000}}
     html = r._repr_html_()
     assert "Saved for backward / sample" in html and ">768 B</td>" in html  # 3x8x8 floats per sample
     assert "Training memory" in html and "12.3 MB" in html and "backward" in html
-    assert "peak bytes 12.3 MB" in str(r)
+    assert "peak bytes 12.3 MB" in str(r) and "state bytes params 4.0 KB" in str(r)
 
 
 def test_printing_a_result_imports_no_planner_and_no_widget() -> None:

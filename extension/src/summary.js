@@ -27,10 +27,13 @@ export function summaryElement(model) {
 
 const words = (key) => key.replace(/([a-z0-9])([A-Z])/g, "$1 $2").toLowerCase();
 
-function valueText(key, value) {
-  if (typeof value === "number") return /bytes$/i.test(key) ? bytes(value) : /flops$/i.test(key) ? flops(value) : count(value);
+/** A value as text; numbers under a key ending in "Bytes" (or nested in one) are bytes, "Flops" FLOPs. */
+function valueText(key, value, unit = key) {
+  if (typeof value === "number") return /bytes$/i.test(unit) ? bytes(value) : /flops$/i.test(unit) ? flops(value) : count(value);
   if (Array.isArray(value)) return value.join(", ");
-  if (value && typeof value === "object") return Object.entries(value).map(([k, v]) => `${words(k)} ${valueText(k, v)}`).join(" · ");
+  if (value && typeof value === "object") {
+    return Object.entries(value).map(([k, v]) => `${words(k)} ${valueText(k, v, /(bytes|flops)$/i.test(k) ? k : unit)}`).join(" · ");
+  }
   return String(value);
 }
 

@@ -182,15 +182,17 @@ def _words(key: str) -> str:
     return re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", key).lower()
 
 
-def _value_text(key: str, value: Any) -> str:
+def _value_text(key: str, value: Any, unit: str = "") -> str:
+    """A value as text; numbers under a key ending in ``Bytes`` (or nested in one) are bytes, ``Flops`` FLOPs."""
+    unit = key if key.lower().endswith(("bytes", "flops")) else unit
     if _num(value) is not None:
-        if key.lower().endswith("bytes"):
+        if unit.lower().endswith("bytes"):
             return byte_size(value)
-        return flops(value) if key.lower().endswith("flops") else count(value)
+        return flops(value) if unit.lower().endswith("flops") else count(value)
     if isinstance(value, list):
         return ", ".join(str(v) for v in value)
     if isinstance(value, dict):
-        return " · ".join(f"{_words(k)} {_value_text(k, v)}" for k, v in value.items())
+        return " · ".join(f"{_words(k)} {_value_text(k, v, unit)}" for k, v in value.items())
     return str(value)
 
 
