@@ -47,6 +47,7 @@ def bundle() -> tuple[bytes, str]:
     data = BUNDLE_PATH.read_bytes()
     return data, hashlib.sha256(data).hexdigest()[:12]
 
+
 _STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:72rem;padding:0 1rem;color:#1b1f24}
 pre{font:13px/1.35 ui-monospace,Menlo,Consolas,monospace;background:#f6f8fa;padding:1rem;overflow-x:auto}
