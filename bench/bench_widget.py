@@ -175,7 +175,8 @@ def main() -> int:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 for name, layers, components, url in shared:
-                    row = {"graph": name, "layers": layers, "components": components, **measure(browser, url, args.repeat)}
+                    row = {"graph": name, "layers": layers, "components": components,
+                           **measure(browser, url, args.repeat)}
                     results.append(row)
                     print(json.dumps(row))
             finally:
@@ -188,7 +189,8 @@ def main() -> int:
     import gzip
 
     report = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, Chromium (Debian)",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+                   "Chromium (Debian)",
         "bundle_bytes": len(bundle), "bundle_gzip_bytes": len(gzip.compress(bundle, 9)), "repeat": args.repeat,
         "results": results,
     }
