@@ -23,12 +23,7 @@ MAX_FUNCTION_LINES = 80
 #: anywidget front end) separates the notebook's rendering from its widget (``widget`` imports
 #: ``result``'s helpers, ``result`` imports ``widget`` back through the package) and removes this
 #: one; drop it from here at that merge.
-KNOWN_CYCLES: List[Set[str]] = [{
-    "neurarch_trace.notebook",
-    "neurarch_trace.notebook.magic",
-    "neurarch_trace.notebook.result",
-    "neurarch_trace.notebook.widget",
-}]
+KNOWN_CYCLES: List[Set[str]] = []
 
 
 def _module_name(path: Path) -> str:

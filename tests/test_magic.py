@@ -15,6 +15,8 @@ from typing import Any, Iterator
 
 import pytest
 
+import neurarch_trace
+
 pytest.importorskip("IPython")
 torch = pytest.importorskip("torch")
 from IPython.core.error import UsageError  # noqa: E402
@@ -22,6 +24,7 @@ from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from torch import nn  # noqa: E402
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 # ------------------------------------------------------------------------------------ models
@@ -423,116 +426,273 @@ def test_nothing_is_sent_without_plan_or_click(shell: InteractiveShell, scripted
 # ---------------------------------------------------------------------------------- display
 
 
+class Reused(nn.Module):
+    """One ReLU and one Linear, each called twice: only the Linear's second call shares parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)  # 6*6 + 6 = 42 params
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(self.act(self.fc(x))))
+
+
+class TiedLM(nn.Module):
+    """An embedding and an output head sharing one weight (GPT-2 style), the embedding frozen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 8)  # 400 params, frozen below
+        self.norm = nn.LayerNorm(8)  # 16 params
+        self.lm_head = nn.Linear(8, 50, bias=False)
+        self.lm_head.weight = self.emb.weight
+        self.emb.weight.requires_grad_(False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(self.emb(ids)))
+
+
+@pytest.fixture
+def no_front_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts in a kernel whose front end has not yet run the widget."""
+    widget = pytest.importorskip("neurarch_trace.notebook.widget")
+    monkeypatch.setitem(widget._state, "front_end_seen", False)
+
+
+def published(ip: InteractiveShell, obj: Any) -> list[Any]:
+    """The display messages ``obj`` publishes when shown (data, metadata, transient, update)."""
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as captured:
+        obj._ipython_display_()
+    return captured.outputs
+
+
 def test_text_and_html_where_widgets_cannot_render(shell: InteractiveShell, scripted: Scripted) -> None:
     r = magic(shell, "model --input 1,3,8,8 --no-save")
-    data, _ = shell.display_formatter.format(r)
-    assert WIDGET_VIEW not in data  # no kernel: a terminal or plain shell
+    [shown] = published(shell, r)
+    data = shown.data
+    assert set(data) == {"text/plain", "text/html"}  # no kernel: a terminal or plain shell
+    assert r._repr_mimebundle_() == data
     # FLOPs: conv 4x6x6 outputs x 27 MACs x 2 = 7,776; linear 144 x 5 MACs x 2 = 1,440; 9,216 in all.
     assert r.graph["measured"]["flops"] == 9216
     assert data["text/plain"].splitlines()[0] == "Tiny: 4 layers, 837 params, 9.2 KFLOPs at batch 1"
     assert "Not planned: nothing was sent" in data["text/plain"]
     html = data["text/html"]
-    assert "<details><summary>Layers (4)</summary>" in html and "<script" not in html
+    assert "<details><summary>Layers (4)</summary>" in html and "<script" not in html and " on" not in html.lower()
+    # The table: input and output shapes per sample, parameters, FLOPs per sample, the totals row.
+    cell = '<td style="text-align: left; padding: 1px 10px 1px 0;">'
+    assert f"{cell}3x8x8</td>{cell}4x6x6</td>" in html
+    assert ">7.8 KFLOPs</td>" in html and ">1.4 KFLOPs</td>" in html
+    assert "Total (4 layers)" in html and "837 (trainable 837, frozen 0)" in html and ">9.2 KFLOPs</td>" in html
     scripted.answer["url"] = "http://127.0.0.1/p/abc?x=1&y=2"
     r = magic(shell, "model --input 1,3,8,8 --share --no-save")
-    data, _ = shell.display_formatter.format(r)
-    assert data["text/plain"].startswith(CARD.rstrip("\n"))
-    assert "Share: http://127.0.0.1/p/abc?x=1&y=2" in data["text/plain"]
+    data = r._repr_mimebundle_()
+    text = data["text/plain"]
+    assert text.startswith(CARD.rstrip("\n")) and "Share: http://127.0.0.1/p/abc?x=1&y=2" in text
     html = data["text/html"]
     assert '<pre class="neurarch-card"' in html and "&lt;b&gt;ok&lt;/b&gt;" in html and "<b>ok</b>" not in html
     assert 'href="http://127.0.0.1/p/abc?x=1&amp;y=2"' in html
     assert "no dropout before the classifier" in html
 
 
-def test_widget_view_in_a_kernel(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("ipywidgets")
-    monkeypatch.setattr(shell, "kernel", object(), raising=False)
-    r = magic(shell, "model --input 1,3,8,8 --no-save")
-    data, _ = shell.display_formatter.format(r)
-    assert data[WIDGET_VIEW]["model_id"] == r.widget.box.model_id
-    assert "text/plain" in data and "text/html" in data  # fallbacks travel with the view
+def test_layer_rows_say_shared_only_when_parameters_are_shared(shell: InteractiveShell) -> None:
+    shell.user_ns["reused"] = Reused()
+    r = magic(shell, "reused --input 2,6 --no-save")
+    rows = r.layer_rows()
+    assert [(row["name"], row["params"], row["note"]) for row in rows] == [
+        ("fc", 42, None), ("act", 0, None), ("fc#2", 0, "shared with fc"), ("act#2", 0, None)]
+    assert rows[3]["sharedWith"] == "act"  # the graph still says which call came first
+    html = r._repr_html_()
+    assert "shared with fc" in html and "shared with act" not in html
+    # FLOPs per sample (the trace ran at batch 2): one 6x6 linear = 36 MACs = 72 FLOPs.
+    assert r.graph["measured"]["batchSize"] == 2 and rows[0]["flops"] == 72 and rows[2]["flops"] == 72
+
+
+def test_tied_head_names_its_embedding_and_totals_split_frozen(shell: InteractiveShell) -> None:
+    shell.user_ns["tied"] = TiedLM()
+    r = magic(shell, "tied --input 1,5:long --no-save")
+    rows = {row["name"]: row for row in r.layer_rows()}
+    assert rows["lm_head"]["type"] == "lmHead" and rows["lm_head"]["params"] == 0
+    assert rows["lm_head"]["note"] == "tied to emb"
+    assert rows["emb"]["params"] == 400 and rows["emb"]["note"] is None
+    html = r._repr_html_()
+    assert "tied to emb" in html
+    # 400 embedding (frozen) + 16 LayerNorm (trainable); the head owns none.
+    assert "416 (trainable 16, frozen 400)" in html
+
+
+def test_saved_bytes_column_and_measured_memory_show_when_the_graph_has_them(shell: InteractiveShell) -> None:
+    r = magic(shell, "model --input 2,3,8,8 --no-save")
+    assert "Saved for backward" not in r._repr_html_() and "Training memory" not in r._repr_html_()
+    for comp in r.graph["components"]:
+        if comp["type"] == "conv2d":
+            comp["measured"]["savedBytes"] = 2 * 3 * 8 * 8 * 4  # the input, float32, at batch 2
+    r.graph["measured"]["training"] = {"peakBytes": 12_345_678, "peakPhase": "backward", "stateBytes": {"params": 4000}}
+    html = r._repr_html_()
+    assert "Saved for backward / sample" in html and ">768 B</td>" in html  # 3x8x8 floats per sample
+    assert "Training memory" in html and "12.3 MB" in html and "backward" in html
+    assert "peak bytes 12.3 MB" in str(r) and "state bytes params 4.0 KB" in str(r)
+
+
+def test_printing_a_result_imports_no_planner_and_no_widget() -> None:
+    code = (
+        "import json, sys\n"
+        "from neurarch_trace.notebook.result import NeurarchResult\n"
+        f"r = NeurarchResult(json.load(open({str(DATA / 'traced_resnet18.neurarch.json')!r})))\n"
+        "assert 'ResNet' in str(r) and '<table' in r._repr_html_()\n"
+        "bad = [m for m in sys.modules if m.startswith(('neurarch_trace.planner', 'neurarch_trace.server', 'torch', "
+        "'anywidget', 'ipywidgets', 'IPython'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # ----------------------------------------------------------------------------------- widget
 
 
-def test_widget_without_a_plan(shell: InteractiveShell, scripted: Scripted) -> None:
-    pytest.importorskip("ipywidgets")
+def _kernel(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("anywidget")
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)
+
+
+def test_widget_shows_after_the_front_end_says_ready(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch,
+                                                     no_front_end: None) -> None:
+    _kernel(shell, monkeypatch)
+    r = magic(shell, "model --input 1,3,8,8 --no-save")
+    [first] = published(shell, r)
+    # Before a front end runs the widget: the fallback alone, under a display id.
+    assert set(first.data) == {"text/plain", "text/html"} and first.transient["display_id"]
+    assert WIDGET_VIEW not in r._repr_mimebundle_()
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as captured:
+        r.widget._on_message(r.widget, {"type": "ready"}, [])
+    [update] = captured.outputs
+    assert update.update and update.transient["display_id"] == first.transient["display_id"]
+    assert update.data[WIDGET_VIEW]["model_id"] == r.widget.model_id
+    assert "text/plain" in update.data and "text/html" in update.data  # fallbacks travel with the view
+    # From now on this kernel's results show the widget view at once.
+    r2 = magic(shell, "model --input 1,3,8,8 --no-save")
+    [second] = published(shell, r2)
+    assert second.data[WIDGET_VIEW]["model_id"] == r2.widget.model_id and not second.transient
+    assert WIDGET_VIEW in r2._repr_mimebundle_()
+
+
+def test_widget_state_without_a_plan(shell: InteractiveShell, scripted: Scripted, monkeypatch: pytest.MonkeyPatch,
+                                     no_front_end: None) -> None:
+    _kernel(shell, monkeypatch)
     r = magic(shell, "model --input 1,3,8,8 --no-save")
     w = r.widget
     host = scripted.url.split("://", 1)[1]
-    assert "Tiny" in w.header.value and "4 layers" in w.header.value and "837 params" in w.header.value
-    assert "Input <code>x</code> 1x3x8x8 float32" in w.header.value and "Output 5 per sample" in w.header.value
-    assert w.table.selected_index is None and w.table.get_title(0) == "Layers (4)"
-    assert "<td style" in w.table.children[0].value and "4x6x6" in w.table.children[0].value
-    assert w.button.description == f"Get the plan: send the graph (4 layers, no weights) to {host}"
-    assert host in w.button.tooltip and "nothing is stored" in w.button.tooltip
-    w.share_box.value = True
-    assert w.button.description == f"Get the plan and a public link: send the graph (4 layers, no weights) to {host}"
-    assert w.card.layout.display == "none" and w.link.layout.display == "none"
+    assert w.host == host and w.planned is False and w.card is None and w.url is None and w.working is False
+    assert w.labels["plan"] == f"Get the plan: send the graph (4 layers, no weights) to {host}"
+    assert w.labels["share"] == f"Get the plan and a public link: send the graph (4 layers, no weights) to {host}"
+    assert host in w.notices["plan"] and "nothing is stored" in w.notices["plan"]
+    assert "anyone with the link" in w.notices["share"]
+    # The synced graph: every component and connection, without positions or id lists.
+    assert [c["id"] for c in w.graph["components"]] == [c["id"] for c in r.graph["components"]]
+    assert len(w.graph["connections"]) == len(r.graph["connections"])
+    assert "position" not in w.graph["components"][1] and w.graph["components"][1]["measured"]["params"] == 112
+    assert w.graph["measured"] == r.graph["measured"]
+    # The front end travels in the widget's state: the shipped bundle, nothing from a CDN.
+    assert w._esm == (Path(neurarch_trace.__file__).parent / "static" / "neurarch-widget.js").read_text()
     assert scripted.requests == []
 
 
-def test_widget_click_working_then_card(shell: InteractiveShell, scripted: Scripted) -> None:
-    pytest.importorskip("ipywidgets")
+def _answers(w: Any, monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    sent: list[dict] = []
+    monkeypatch.setattr(w, "send", lambda content, buffers=None: sent.append(content))
+    return sent
+
+
+def test_widget_click_working_then_card(shell: InteractiveShell, scripted: Scripted, monkeypatch: pytest.MonkeyPatch,
+                                        no_front_end: None) -> None:
+    _kernel(shell, monkeypatch)
     r = magic(shell, "model --input 1,3,8,8 --no-save")
     w = r.widget
+    sent = _answers(w, monkeypatch)
     scripted.answer["url"] = scripted.url + "/p/xyz"
     scripted.release.clear()
-    w.click(share=True)
+    w._on_message(w, {"type": "plan", "id": "a1", "share": True, "host": w.host}, [])
     assert scripted.arrived.wait(10)
-    assert w.working and w.button.disabled and w.button.description == "Working..."
-    assert "Working: sending the graph" in w.status.value and "<svg" in w.status.value
-    w.click()  # a second click while working sends nothing more
+    assert w.working
+    # A second request while one is in flight is answered at once, with an error; nothing more is sent.
+    w._on_message(w, {"type": "plan", "id": "a2", "share": False, "host": w.host}, [])
+    assert sent == [{"type": "answer", "id": "a2", "ok": False, "error": "a plan request is already running",
+                     "reported": False}]
     scripted.release.set()
     assert w.wait(10)
     assert len(scripted.requests) == 1 and scripted.requests[0]["share"] is True
-    assert not w.working and r.card == CARD and r.url == scripted.url + "/p/xyz"
-    assert 'class="neurarch-card"' in w.card.value and "&lt;b&gt;ok&lt;/b&gt;" in w.card.value
-    assert f'href="{scripted.url}/p/xyz"' in w.link.value and "neurarch-copy" in w.link.value
-    assert "navigator.clipboard" in w.link.value
-    assert "no dropout before the classifier" in w.issues.value and "Blockers:</b> none" in w.issues.value
-    assert w.header.layout.display == "none" and w.controls.layout.display == "none"
+    assert sent[-1] == {"type": "answer", "id": "a1", "ok": True, "error": None, "reported": True}
+    assert not w.working and w.card == CARD and w.url == scripted.url + "/p/xyz" and w.planned
+    assert w.warnings == ["no dropout before the classifier 'fc'"] and w.blockers == [] and w.blocked is False
+    assert w.text.startswith(CARD.rstrip("\n"))
 
 
-def test_widget_shows_blockers_and_a_failure_as_one_line(shell: InteractiveShell, scripted: Scripted) -> None:
-    pytest.importorskip("ipywidgets")
+def test_widget_failure_and_blockers(shell: InteractiveShell, scripted: Scripted, monkeypatch: pytest.MonkeyPatch,
+                                     no_front_end: None) -> None:
+    _kernel(shell, monkeypatch)
     r = magic(shell, "model --input 1,3,8,8 -o t.neurarch.json")
     w = r.widget
+    sent = _answers(w, monkeypatch)
     scripted.status, scripted.answer = 500, {"error": "the planner crashed"}
     w.click()
     assert w.wait(10)
-    assert "Plan failed:</b> the plan service at" in w.status.value and "the planner crashed" in w.status.value
-    assert "the graph is still at t.neurarch.json" in w.status.value and "traceback" not in w.status.value
-    assert not w.button.disabled and w.button.description.startswith("Get the plan")
+    assert w.error.startswith("the plan service at") and "the planner crashed" in w.error
+    assert w.error.endswith("the graph is still at t.neurarch.json") and w.traceback is None
+    assert sent[-1]["ok"] is False and sent[-1]["error"] == w.error and sent[-1]["reported"] is True
     scripted.status = 200
-    scripted.answer = {"text": CARD, "plan": {"run": {"legal": False, "blockers": ["shapes do not match at 'fc'"]},
-                                              "warnings": []}}
+    blocked = {"run": {"legal": False, "blockers": ["shapes do not match at 'fc'"]}, "warnings": []}
+    scripted.answer = {"text": CARD, "plan": blocked}
     w.click()
     assert w.wait(10)
-    assert r.error is None and r.blocked is True and w.status.value == ""
-    assert "Blockers (1)" in w.issues.value and "shapes do not match at &#x27;fc&#x27;" in w.issues.value
-    # Planned without a link: the button now offers the link only.
-    assert w.controls.layout.display is None and w.button.description.startswith("Get a public share link")
+    assert w.error is None and w.blocked is True and w.blockers == ["shapes do not match at 'fc'"]
+    # Planned without a link: the button now offers the link only, and a click asks for it.
+    assert w.button_label().startswith("Get a public share link")
+    w.click()
+    assert w.wait(10) and scripted.requests[-1]["share"] is True
 
 
-def test_widget_verbose_failure_has_a_traceback(shell: InteractiveShell, scripted: Scripted) -> None:
-    pytest.importorskip("ipywidgets")
+def test_widget_verbose_failure_has_a_traceback(shell: InteractiveShell, scripted: Scripted,
+                                                monkeypatch: pytest.MonkeyPatch, no_front_end: None) -> None:
+    _kernel(shell, monkeypatch)
     r = magic(shell, "model --input 1,3,8,8 --no-save --verbose")
     scripted.status, scripted.answer = 500, {"error": "boom"}
     r.widget.click()
     assert r.widget.wait(10)
-    assert "<details><summary" in r.widget.status.value and "Traceback" in r.widget.status.value
+    assert "Traceback" in r.widget.traceback
 
 
 def test_widget_rechecks_the_host_before_sending(shell: InteractiveShell, scripted: Scripted, dead_api: str,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("ipywidgets")
+                                                 monkeypatch: pytest.MonkeyPatch, no_front_end: None) -> None:
+    _kernel(shell, monkeypatch)
     r = magic(shell, "model --input 1,3,8,8 --no-save")
     w = r.widget
+    sent = _answers(w, monkeypatch)
     monkeypatch.setenv("NEURARCH_API", dead_api)
     host = dead_api.split("://", 1)[1]
     w.click()
     assert w.wait(5) and scripted.requests == [] and r.card is None and r.error is None
-    assert f"The plan service is now {host}" in w.status.value
-    assert w.button.description.endswith(f"to {host}")
+    assert w.note == f"The plan service is now {host} (NEURARCH_API changed); click again to send there."
+    assert sent == [{"type": "answer", "id": "python", "ok": False, "error": w.note, "reported": True}]
+    assert w.host == host and w.labels["plan"].endswith(f"to {host}")
+    w.click()  # the relabelled button sends to the new host
+    assert w.wait(10) and r.error.startswith("could not connect")
+
+
+def test_widget_display_is_updated_after_a_plan(shell: InteractiveShell, scripted: Scripted,
+                                                monkeypatch: pytest.MonkeyPatch, no_front_end: None) -> None:
+    """A saved notebook's fallback shows the card that the button brought, not the plan button."""
+    _kernel(shell, monkeypatch)
+    r = magic(shell, "model --input 1,3,8,8 --no-save")
+    [first] = published(shell, r)
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as captured:
+        r.widget.click()
+        assert r.widget.wait(10)
+    [update] = [o for o in captured.outputs if o.update]
+    assert update.transient["display_id"] == first.transient["display_id"]
+    assert '<pre class="neurarch-card"' in update.data["text/html"] and WIDGET_VIEW not in update.data

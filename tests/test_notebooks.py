@@ -1,16 +1,21 @@
-"""Every notebook in notebooks/ runs headless in a real ``python3`` kernel (nbclient), against the
-plan service on loopback, and shows the widget and the card.
+"""Every notebook in notebooks/ runs headless in a real ``python3`` kernel (nbclient), starts its own
+plan service in the kernel, and shows the card, the share link and the layer table.
 
 Each notebook is copied into a temporary folder laid out like the repository (``notebooks/`` next
-to a link to ``examples/``), so the graphs, checkpoints and share databases it writes stay out of
-the tree. ``NEURARCH_API`` points at the ``plan_server`` fixture; notebooks that start their own
-local service (quickstart, huggingface) replace it inside their kernel.
+to a link to ``examples/``), so the graphs and checkpoints it writes stay out of the tree.
+``NEURARCH_API`` points where nothing listens: a notebook that planned anywhere but its own
+loopback service would fail.
 
-Two kinds of check:
+Checks:
 
-* the saved notebooks (what GitHub and a reader see) carry executed outputs: a widget view, the
-  card text and a share link, and the widget state nbclient stores;
-* the notebooks run again now, without an error, and produce the same kinds of output.
+* the saved notebooks (what GitHub and a reader see) carry executed outputs whose ``text/html`` is
+  the card, the share link and the layer table (no front end ran the widget when they were
+  executed, so no output is a widget view waiting for a widget manager);
+* the notebooks run again now, without an error, with nbclient saving the widget state, and the
+  plan service is still up after the last cell ("Run All" never stops it): a click on the last
+  result's plan button, made after the last cell, gets its card;
+* that executed notebook, widget state and all, exported by nbconvert to HTML, shows the card, the
+  link and the table with no network (no widget view is left for the CDN-loaded widget manager).
 
 To refresh the saved outputs after editing a notebook::
 
@@ -23,15 +28,17 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
-pytest.importorskip("ipywidgets")
+pytest.importorskip("anywidget")
+pytest.importorskip("uvicorn")
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -41,6 +48,16 @@ CARD_LINE = re.compile(r"^\+-{20,}\+$", re.M)  # the card's box rule
 CELL_TIMEOUT_S = 600
 UPDATE = os.environ.get("NEURARCH_UPDATE_NOTEBOOKS", "") not in ("", "0")
 
+# Appended to each run: after every cell has run, the service still answers and the last result's
+# plan button (pressed from code, as the front end's message would) brings a card.
+AFTER_RUN_ALL = '''
+import os, requests
+assert requests.get(os.environ["NEURARCH_API"] + "/api/v1/health", timeout=10).ok
+w = r.widget
+w.click()
+assert w.wait(60) and r.error is None and r.card, r.error
+'''
+
 
 def _outputs(nb: Any) -> Iterator[dict]:
     for cell in nb.cells:
@@ -48,51 +65,48 @@ def _outputs(nb: Any) -> Iterator[dict]:
             yield from cell.get("outputs", [])
 
 
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "".join(value)
+
+
 def _texts(nb: Any) -> str:
     """Every text an output carries: streams, text/plain and text/html."""
     parts = []
     for out in _outputs(nb):
         if out.get("output_type") == "stream":
-            parts.append(out.get("text", ""))
-        data = out.get("data", {})
+            parts.append(_text(out.get("text", "")))
         for mime in ("text/plain", "text/html"):
-            value = data.get(mime)
+            value = out.get("data", {}).get(mime)
             if value:
-                parts.append(value if isinstance(value, str) else "".join(value))
+                parts.append(_text(value))
     return "\n".join(parts)
 
 
-def _widget_values(nb: Any) -> str:
-    """The values of every HTML widget in the saved widget state (what the widget displays)."""
-    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    return "\n".join(
-        str(model.get("state", {}).get("value", "")) for model in state.values()
-        if model.get("model_name") == "HTMLModel"
-    )
-
-
 def _check_outputs(nb: Any, name: str) -> None:
-    views = [out["data"][WIDGET_VIEW] for out in _outputs(nb) if WIDGET_VIEW in out.get("data", {})]
-    assert views, f"{name}: no output carries a widget view ({WIDGET_VIEW})"
-    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    missing = [v["model_id"] for v in views if v["model_id"] not in state]
-    assert not missing, f"{name}: widget views without saved state: {missing[:3]}"
+    errors = [o for o in _outputs(nb) if o.get("output_type") == "error"]
+    assert not errors, f"{name}: an error output: {errors[0].get('ename')}: {errors[0].get('evalue')}"
     texts = _texts(nb)
     assert CARD_LINE.search(texts), f"{name}: no card in the text outputs"
     assert "| Runs" in texts and "| Blockers" in texts, f"{name}: the card rows are missing"
-    assert re.search(r"Share: https?://\S+/p/\S+", texts), f"{name}: no share link in the outputs"
-    values = _widget_values(nb)
-    assert 'class="neurarch-card"' in values and "| Runs" in values, f"{name}: the widget does not show the card"
-    assert 'class="neurarch-share-link"' in values, f"{name}: the widget does not show the share link"
-    errors = [o for o in _outputs(nb) if o.get("output_type") == "error"]
-    assert not errors, f"{name}: an error output: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+    assert re.search(r"Share: https?://127\.0\.0\.1:\d+/p/\S+", texts), f"{name}: no loopback share link"
+    html = "\n".join(_text(o["data"]["text/html"]) for o in _outputs(nb) if "text/html" in o.get("data", {}))
+    assert '<pre class="neurarch-card"' in html and 'class="neurarch-share-link"' in html, f"{name}: no card in HTML"
+    assert '<table class="neurarch-layers"' in html and "Total (" in html, f"{name}: no layer table in HTML"
+    ours = [o for o in _outputs(nb) if "neurarch-" in _text(o.get("data", {}).get("text/html", ""))]
+    assert not [o for o in ours if WIDGET_VIEW in o["data"]], \
+        f"{name}: a widget view no front end ever ran (nbconvert would show it empty)"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_saved_notebook_has_widget_and_card(path: Path) -> None:
+def test_saved_notebook_shows_card_link_and_table(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
     _check_outputs(nb, path.name)
+    assert "widgets" not in nb.metadata  # saved without widget state: no bundle copies in the file
+    sources = "\n".join(c.source for c in nb.cells)
+    assert "OWNER" not in sources  # no placeholder to install from
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "start_plan_service(" in code and ".stop(" not in code and ".terminate(" not in code
 
 
 def test_the_expected_notebooks_exist() -> None:
@@ -105,6 +119,7 @@ def _execute(path: Path, tmp_path: Path) -> Any:
     work.mkdir()
     (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(AFTER_RUN_ALL))
     client = nbclient.NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,
@@ -113,12 +128,14 @@ def _execute(path: Path, tmp_path: Path) -> Any:
         store_widget_state=True,
     )
     client.execute()
+    nb.cells.pop()
     return nb
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path: Path, tmp_path: Path, plan_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEURARCH_API", str(plan_server))
+def test_notebook_executes_and_exports(path: Path, tmp_path: Path, refused_port: int,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURARCH_API", f"http://127.0.0.1:{refused_port}")  # nothing may be planned here
     monkeypatch.delenv("NEURARCH_API_KEY", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the Hugging Face notebook builds from configs only
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
@@ -131,19 +148,32 @@ def test_notebook_executes(path: Path, tmp_path: Path, plan_server: str, monkeyp
     for name in written:
         graph = json.loads((work / name).read_text())
         assert graph["components"] and graph["connections"]
+
+    # The widget state nbclient saved holds the anywidget models, with the bundle and the graph...
+    state = nb.metadata["widgets"][WIDGET_STATE]["state"]
+    models = [m["state"] for m in state.values() if m["model_name"] == "AnyModel"]
+    assert models and all("data-neurarch-share" in m["_esm"] and m["graph"]["components"] for m in models)
+    # ... and nbconvert, with that state, still shows the card, the link and the table: no output is a
+    # widget view, so no part of the page depends on the widget manager it loads from a CDN.
+    exporter = pytest.importorskip("nbconvert").HTMLExporter()
+    html, _ = exporter.from_notebook_node(nb)
+    assert '<pre class="neurarch-card"' in html and "| Runs" in html
+    assert re.search(r'<a class="neurarch-share-link" href="http://127\.0\.0\.1:\d+/p/[^"]+"', html)
+    assert '<table class="neurarch-layers"' in html
+    others = sum(1 for o in _outputs(nb) if WIDGET_VIEW in o.get("data", {}))  # e.g. transformers' progress bars
+    assert html.count(f'<script type="{WIDGET_VIEW}">') == others
+
     if UPDATE:
+        nb.metadata.pop("widgets", None)
         nbformat.write(nb, path)
         shutil.rmtree(work, ignore_errors=True)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_html_export_without_widget_state_shows_card_and_link(path: Path) -> None:
-    """A notebook saved without widget state (JupyterLab's default), exported by nbconvert or shown
-    on GitHub, falls back to the result's own HTML: the card in a <pre> and the link."""
+def test_html_export_without_widget_state_shows_card_and_link() -> None:
+    """GitHub and nbconvert on the saved files: the result's own HTML, the card in a <pre>."""
     exporter = pytest.importorskip("nbconvert").HTMLExporter()
-    nb = nbformat.read(path, as_version=4)
-    nb.metadata.pop("widgets", None)
-    html, _ = exporter.from_notebook_node(nb)
-    assert '<pre class="neurarch-card"' in html and "| Runs" in html
-    assert re.search(r'<a class="neurarch-share-link" href="https?://[^"]+/p/[^"]+"', html)
-    assert WIDGET_VIEW not in html  # no script waiting for a widget manager
+    for path in NOTEBOOKS:
+        html, _ = exporter.from_notebook_node(nbformat.read(path, as_version=4))
+        assert '<pre class="neurarch-card"' in html and "| Runs" in html, path.name
+        assert re.search(r'<a class="neurarch-share-link" href="https?://[^"]+/p/[^"]+"', html), path.name
+        assert "<script" not in html.split('<pre class="neurarch-card"', 1)[1].split("</div>", 1)[0]

@@ -4,6 +4,7 @@ conftest.py), talked to with ``requests``. No timed assertions."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sqlite3
 import subprocess
@@ -21,6 +22,7 @@ import requests  # noqa: E402
 
 from neurarch_trace.planner import make_plan  # noqa: E402
 from neurarch_trace.server.cli import serve_main  # noqa: E402
+from neurarch_trace.server.page import bundle  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 PLAN = "/api/v1/plan"
@@ -85,8 +87,14 @@ def test_share_stores_and_serves_the_page_and_json(plan_server: str) -> None:
     assert len(share_id) == 24  # 18 random bytes = 144 bits, URL-safe base64
     page = requests.get(url, timeout=30)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    assert "script-src" not in page.headers["content-security-policy"]
-    assert "default-src 'none'" in page.headers["content-security-policy"]
+    policy = page.headers["content-security-policy"]
+    nonce = re.search(r"script-src 'nonce-([A-Za-z0-9_-]{20,})';", policy).group(1)  # the bundle's tag only
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy and "unsafe-eval" not in policy
+    assert re.findall(r"<script[^>]*>", page.text) == [
+        f'<script type="module" nonce="{nonce}" src="_static/neurarch-widget.js?v={bundle()[1]}">']
+    script = requests.get(f"{plan_server}/p/_static/neurarch-widget.js", timeout=30)
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    assert script.content == bundle()[0] and b"data-neurarch-share" in script.content
     assert page.headers["referrer-policy"] == "no-referrer"
     assert "| Runs            yes, shapes propagate end to end" in page.text
     assert "<td><code>conv</code></td><td>conv2d</td>" in page.text
@@ -103,7 +111,10 @@ def test_page_escapes_every_string_from_the_graph(plan_server: str) -> None:
     doc["components"][1]["scope"] = '"><script>alert(2)</script>'
     url = post(plan_server, {"model": doc, "share": True}).json()["url"]
     page = requests.get(url, timeout=30).text
-    assert "<script" not in page and "<img" not in page and "<b>" not in page
+    # The one script is the service's own bundle; nothing from the graph becomes a tag.
+    assert len(re.findall(r"<script", page)) == 1 and '<script type="module" nonce=' in page
+    assert "alert" not in page.split("<script", 1)[1].split(">", 1)[0]
+    assert "<img" not in page and "<b>" not in page
     assert "&lt;script&gt;alert(&quot;name&quot;)&lt;/script&gt;" in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
 

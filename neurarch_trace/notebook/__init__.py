@@ -7,9 +7,14 @@
 :mod:`neurarch_trace.plan_options`, as the command line's do) and calls the same tracer, graph writer
 and plan client as the command line; :mod:`.namespace` turns the magic's ``--input`` values and
 model expression into forward arguments (no IPython there); :mod:`.result` holds what comes back
-(:class:`NeurarchResult`: graph, path, card, url, plan, error) and renders it as text and HTML;
-:mod:`.widget` is its ipywidgets view. Importing this package imports neither IPython, ipywidgets
-nor torch; the names below load on first use.
+(:class:`NeurarchResult`: graph, path, card, url, plan, error); :mod:`.render` writes it as text and
+script-free HTML; :mod:`.widget` is its anywidget view (front end in ``extension/``);
+:mod:`.service` runs a plan service on loopback inside the kernel, for notebooks that keep
+everything on the machine. Importing this package imports neither IPython, anywidget nor torch;
+the names below load on first use.
+
+Imports inside the package go one way: magic -> result -> render, widget -> render; result builds
+the widget with a function-level import, and nothing imports magic.
 """
 
 from __future__ import annotations

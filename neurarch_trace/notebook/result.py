@@ -5,83 +5,37 @@
     >>> r.request_plan(share=True)                      # explicit: sends the graph, fills r.card, r.url
     >>> print(r)                                        # the card and the share link, as plain text
 
-Display: in a kernel with a widget front end (JupyterLab, Notebook 7, VS Code, Colab) the object shows
-as the widget of :mod:`neurarch_trace.notebook.widget`; the same display bundle also carries
-``text/plain`` and ``text/html`` renderings of the same facts, which is what a terminal IPython,
-nbconvert HTML without widget state, or a notebook viewed on GitHub shows instead.
+Display: in a Jupyter kernel (JupyterLab, Notebook 7, VS Code, Colab) the object shows as the
+widget of :mod:`neurarch_trace.notebook.widget`: first as its text and HTML (from
+:mod:`neurarch_trace.notebook.render`), then, once the front end shows it runs the widget, with the
+widget view beside them. Where no front end runs it (a terminal IPython, nbclient, nbconvert HTML
+with or without saved widget state, a notebook viewed on GitHub, blocked scripts) the text and HTML
+are what shows: the card, the link and the layer table.
 
 Privacy: nothing is sent unless :meth:`NeurarchResult.request_plan` is called (by ``--plan``/``--share``,
 by the widget's button, or by the user). :meth:`NeurarchResult.send_notice` is the sentence naming
 what is sent and where, shown before anything leaves the machine.
 
-This module imports neither IPython nor ipywidgets nor torch at import time.
+This module imports neither IPython, anywidget, ipywidgets nor torch at import time, nor the planner.
 """
 
 from __future__ import annotations
 
-import html
 import threading
 import traceback
-from typing import Any, Optional
+from typing import Any
 
 from neurarch_trace.contract import graph_summary
 from neurarch_trace.errors import NeurarchError
+from neurarch_trace.notebook.render import layer_rows, result_text, static_html, summary_lines
+from neurarch_trace.text import plural
 
-__all__ = ["NeurarchResult", "layer_rows", "shape_text", "widget_frontend"]
-
-#: Rows of the per-layer table shown at most (widget and HTML); the rest is counted in a last line.
-MAX_TABLE_ROWS = 1000
-
-_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-
-
-def shape_text(shape: Any) -> str:
-    """``[3, 224, 224]`` -> ``3x224x224`` (the card's way of writing shapes); ``-`` for none."""
-    if not isinstance(shape, (list, tuple)) or not shape:
-        return "-" if not isinstance(shape, (list, tuple)) else "scalar"
-    return "x".join(str(d) for d in shape)
-
-
-def _count(value: Any) -> str:
-    from neurarch_trace.text import count
-
-    return count(value) if isinstance(value, (int, float)) else "?"
-
-
-def _flops(value: Any) -> str:
-    from neurarch_trace.text import flops
-
-    return flops(value) if isinstance(value, (int, float)) else "? FLOPs"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def layer_rows(graph: dict) -> list[dict[str, Any]]:
-    """One row per layer (components other than inputs and outputs), in graph order:
-    ``{"name", "type", "outputShape", "params", "sharedWith"}``; ``outputShape`` is batchless,
-    ``params`` the learnable parameters the call owns (None when not measured)."""
-    names = {c.get("id"): c.get("name") for c in graph.get("components", [])}
-    rows = []
-    for comp in graph.get("components", []):
-        if comp.get("type") in ("input", "output"):
-            continue
-        measured = comp.get("measured") or {}
-        shared = measured.get("sharedWith")
-        rows.append({
-            "name": comp.get("name", comp.get("id")),
-            "type": comp.get("type", "?"),
-            "outputShape": comp.get("outputShape"),
-            "params": measured.get("params"),
-            "sharedWith": names.get(shared, shared) if shared else None,
-        })
-    return rows
-
+__all__ = ["NeurarchResult", "layer_rows", "widget_frontend"]
 
 def widget_frontend() -> bool:
-    """True inside a Jupyter kernel (JupyterLab, Notebook 7, VS Code, Colab, nbclient), where a
-    widget view can be sent; False in a terminal IPython, a plain ``InteractiveShell`` or Python."""
+    """True inside a Jupyter kernel (JupyterLab, Notebook 7, VS Code, Colab, nbclient) with anywidget
+    installed, where a widget can be built; False in a terminal IPython, a plain
+    ``InteractiveShell`` or Python."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -90,7 +44,7 @@ def widget_frontend() -> bool:
     if shell is None or getattr(shell, "kernel", None) is None:
         return False
     try:
-        import ipywidgets  # noqa: F401
+        import anywidget  # noqa: F401
     except ImportError:
         return False
     return True
@@ -117,9 +71,9 @@ class NeurarchResult:
         self,
         graph: dict,
         *,
-        path: Optional[str] = None,
-        source: Optional[dict] = None,
-        base: Optional[dict] = None,
+        path: str | None = None,
+        source: dict | None = None,
+        base: dict | None = None,
         verbose: bool = False,
     ) -> None:
         self.graph = graph
@@ -127,12 +81,12 @@ class NeurarchResult:
         self.source = source
         self.base = base
         self.verbose = verbose
-        self.card: Optional[str] = None
-        self.url: Optional[str] = None
-        self.plan: Optional[dict] = None
-        self.error: Optional[str] = None
-        self.share_error: Optional[str] = None
-        self.traceback: Optional[str] = None
+        self.card: str | None = None
+        self.url: str | None = None
+        self.plan: dict | None = None
+        self.error: str | None = None
+        self.share_error: str | None = None
+        self.traceback: str | None = None
         self.response: Any = None
         self._widget: Any = None
         self._lock = threading.Lock()
@@ -167,14 +121,12 @@ class NeurarchResult:
         return [str(w) for w in found] if isinstance(found, list) else []
 
     @property
-    def blocked(self) -> Optional[bool]:
-        """True when the plan reports a blocker, False when it reports none, None before a plan."""
-        if self.plan is None:
-            return None
-        run = self.plan.get("run")
-        if isinstance(run, dict) and run.get("legal") is False:
-            return True
-        return bool(self.blockers)
+    def blocked(self) -> bool | None:
+        """True when the plan reports a blocker, False when it reports none, None before a plan
+        (:func:`neurarch_trace.plan_client.plan_blocked`, the verdict ``plan-api.md`` defines)."""
+        from neurarch_trace.plan_client import plan_blocked
+
+        return plan_blocked(self.plan)
 
     def layer_rows(self) -> list[dict[str, Any]]:
         """See :func:`layer_rows`."""
@@ -184,10 +136,9 @@ class NeurarchResult:
 
     def what_is_sent(self) -> str:
         """``the graph (68 layers; shapes and hyperparameters, no weights)`` (+ the base graph)."""
-        what = f"the graph ({_plural(self.summary['layers'], 'layer')}; shapes and hyperparameters, no weights)"
-        if self.base is not None:
-            what += f" and the base graph ({_plural(graph_summary(self.base)['layers'], 'layer')})"
-        return what
+        from neurarch_trace.plan_options import what_is_sent
+
+        return what_is_sent(self.graph, self.base, detail="; shapes and hyperparameters, no weights")
 
     @staticmethod
     def service_host() -> str:
@@ -197,16 +148,15 @@ class NeurarchResult:
         return api_host()
 
     def send_notice(self, share: bool) -> str:
-        """The sentence printed before anything is sent: what, where, and what ``share`` means."""
-        purpose = (
-            "for the plan and a public share link (anyone with the link can open it)"
-            if share else "for the plan; nothing is stored (add --share for a public link)"
-        )
-        return f"Sending {self.what_is_sent()} to {self.service_host()} {purpose}."
+        """The sentence printed before anything is sent: what, where, and what ``share`` means
+        (:func:`neurarch_trace.plan_options.consent_notice`, shared with the command line)."""
+        from neurarch_trace.plan_options import consent_notice
+
+        return consent_notice(self.graph, self.base, share=share, host=self.service_host(), notebook=True)
 
     # ---------------------------------------------------------------------------- planning
 
-    def request_plan(self, share: bool = False, *, api: Optional[str] = None) -> "NeurarchResult":
+    def request_plan(self, share: bool = False, *, api: str | None = None) -> NeurarchResult:
         """Send the graph to the plan service (``NEURARCH_API``, default www.neurarch.com) and keep
         the answer in ``card``, ``url``, ``plan``, ``share_error``.
 
@@ -245,72 +195,57 @@ class NeurarchResult:
 
     @property
     def widget(self) -> Any:
-        """The ipywidgets view of this result (built once; needs ipywidgets)."""
+        """The anywidget view of this result (built once; needs ``anywidget``)."""
         if self._widget is None:
-            from neurarch_trace.notebook.widget import NeurarchWidget
-
+            try:
+                from neurarch_trace.notebook.widget import NeurarchWidget
+            except ImportError as exc:
+                raise ImportError(
+                    "the neurarch widget needs anywidget: pip install 'neurarch-trace[notebook]' "
+                    "(the result's text and HTML displays work without it)"
+                ) from exc
             self._widget = NeurarchWidget(self)
         return self._widget
 
     def summary_lines(self) -> list[str]:
         """The summary as plain-text lines: name, counts, inputs, output."""
-        s = self.summary
-        head = f"{self.name}: {_plural(s['layers'], 'layer')}, {_count(s['params'])} params"
-        if s["flops"] is not None:
-            head += f", {_flops(s['flops'])}"
-            if s["batchSize"] is not None:
-                head += f" at batch {s['batchSize']}"
-        lines = [head]
-        for item in s["inputs"]:
-            lines.append(f"  input  {item.get('name')} {shape_text(item.get('shape'))} {item.get('dtype', '')}".rstrip())
-        if s["outputShape"] is not None:
-            lines.append(f"  output {shape_text(s['outputShape'])} per sample")
-        return lines
+        return summary_lines(self)
 
     def __str__(self) -> str:
-        lines: list[str] = []
-        if self.card is not None:
-            lines.append(self.card.rstrip("\n"))
-            if self.url:
-                lines.append(f"Share: {self.url}")
-        else:
-            lines.extend(self.summary_lines())
-        if self.share_error:
-            lines.append(f"No share link: {self.share_error}")
-        if self.error:
-            lines.append(f"Plan failed: {self.error}")
-            if self.traceback:
-                lines.append(self.traceback.rstrip("\n"))
-        lines.append(f"Graph: {self.path}" if self.path else "Graph: not saved")
-        if self.card is None and not self.error:
-            lines.append("Not planned: nothing was sent. Call .request_plan() or pass --plan / --share.")
-        return "\n".join(lines)
+        return result_text(self)
 
     def __repr__(self) -> str:
         s = self.summary
         return (
-            f"<NeurarchResult {self.name}: {_plural(s['layers'], 'layer')}, path={self.path!r}, "
+            f"<NeurarchResult {self.name}: {plural(s['layers'], 'layer')}, path={self.path!r}, "
             f"card={'yes' if self.card is not None else 'no'}, url={self.url!r}>"
         )
 
     def _repr_html_(self) -> str:
         """A static HTML rendering (no script, no external resource): the card and the link when
-        planned, else the summary and the per-layer table."""
-        from neurarch_trace.notebook import widget as _w  # pure-HTML helpers; imports no ipywidgets
-
-        return _w.static_html(self)
+        planned, else the summary; the measured memory and the layer table."""
+        return static_html(self)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        """``text/plain`` and ``text/html``, plus the widget view once a front end in this kernel has
+        shown it runs the widget (see :mod:`neurarch_trace.notebook.widget`)."""
         data = {"text/plain": str(self), "text/html": self._repr_html_()}
         if widget_frontend():
-            try:
-                view = self.widget._repr_mimebundle_()
-            except Exception:  # noqa: BLE001 - no widget: the text and HTML above still show
-                view = None
-            if view and _WIDGET_VIEW in view:
-                data[_WIDGET_VIEW] = view[_WIDGET_VIEW]
+            from neurarch_trace.notebook.widget import front_end_seen
+
+            if front_end_seen():
+                data.update(self.widget.bundle(view=True)[0])
         return data
 
+    def _ipython_display_(self) -> None:
+        """In a kernel, the widget's display (fallback first, the view once the front end runs it);
+        elsewhere the text and HTML."""
+        from IPython.display import display
 
-def escape(text: Any) -> str:
-    return html.escape(str(text), quote=True)
+        if widget_frontend():
+            try:
+                self.widget.show()
+                return
+            except Exception:  # noqa: BLE001 - no widget: the text and HTML still show
+                pass
+        display({"text/plain": str(self), "text/html": self._repr_html_()}, raw=True)

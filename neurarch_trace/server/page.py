@@ -1,24 +1,52 @@
-"""The HTML page of a share: the card and a per-layer table. Every string from the graph is escaped.
+"""The HTML page of a share: the card and a per-layer table, then the notebook widget's view.
 
-Self-contained (inline CSS, no script, nothing fetched from elsewhere), served with a
-Content-Security-Policy that forbids scripts, so even a graph that smuggled markup past the
-escaping could not run any.
+The page itself is the fallback: the card and the layer table as escaped, script-free HTML (every
+string from the graph is escaped). One script, the front-end bundle the notebook widget also loads
+(``neurarch_trace/static/neurarch-widget.js``, served by this service at ``/p/_static/``), replaces
+it with the same picture, table and card as in the notebook, reading the share's JSON from this
+origin. The Content-Security-Policy allows that one script only (a per-response nonce), fetches to
+this origin only and nothing else, so even a graph that smuggled markup past the escaping could not
+run anything.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Iterable, Mapping
 from html import escape
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any
 
-from neurarch_trace.planner import units
+import neurarch_trace.text as units
 
-__all__ = ["CONTENT_SECURITY_POLICY", "render_share_page"]
+__all__ = ["BUNDLE_PATH", "BUNDLE_ROUTE", "bundle", "content_security_policy", "render_share_page"]
 
-CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; base-uri 'none'; "
-    "form-action 'none'; frame-ancestors 'none'"
-)
+#: The front end both hosts load (built from ``extension/`` by ``npm run build``).
+BUNDLE_PATH = Path(__file__).resolve().parent.parent / "static" / "neurarch-widget.js"
+#: Where this service serves it, relative to a share page (``/p/<id>``).
+BUNDLE_ROUTE = "_static/neurarch-widget.js"
+
+
+def content_security_policy(nonce: str) -> str:
+    """The share page's policy: scripts only with ``nonce`` (the bundle's tag), fetches only to this
+    origin (the share's JSON), inline styles, nothing else."""
+    return (
+        f"default-src 'none'; script-src 'nonce-{nonce}'; connect-src 'self'; style-src 'unsafe-inline'; "
+        "img-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def bundle() -> tuple[bytes, str]:
+    """``(the bundle's bytes, the first 12 hex digits of its SHA-256)``; the digest versions its URL.
+
+    Raises:
+        FileNotFoundError: the package was built without the bundle.
+    """
+    data = BUNDLE_PATH.read_bytes()
+    return data, hashlib.sha256(data).hexdigest()[:12]
+
 
 _STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:72rem;padding:0 1rem;color:#1b1f24}
@@ -41,7 +69,7 @@ def _shape(value: Any) -> str:
     return ""
 
 
-def _flops(value: Any, source: Optional[str]) -> str:
+def _flops(value: Any, source: str | None) -> str:
     if value is None:
         return "unknown"
     text = units.flops(value) if isinstance(value, (int, float)) else _e(value)
@@ -67,8 +95,16 @@ def _rows(layers: Iterable[Mapping[str, Any]]) -> list[str]:
     return rows
 
 
-def render_share_page(share_id: str, created: str, text: str, plan: Mapping[str, Any]) -> str:
-    """The whole page as a string."""
+def _script(nonce: str) -> str:
+    try:
+        _, digest = bundle()
+    except OSError:
+        return ""  # no bundle in this install: the page stays the static one
+    return f'<script type="module" nonce="{_e(nonce)}" src="{BUNDLE_ROUTE}?v={digest}"></script>'
+
+
+def render_share_page(share_id: str, created: str, text: str, plan: Mapping[str, Any], *, nonce: str) -> str:
+    """The whole page as a string; ``nonce`` must be the one in :func:`content_security_policy`."""
     model = plan.get("model", {}) if isinstance(plan, Mapping) else {}
     layers = plan.get("layers", []) if isinstance(plan, Mapping) else []
     name = _e(model.get("name", "graph"))
@@ -78,15 +114,19 @@ def render_share_page(share_id: str, created: str, text: str, plan: Mapping[str,
         '<meta name="viewport" content="width=device-width,initial-scale=1">',
         '<meta name="robots" content="noindex,nofollow">',
         f"<title>{name}: neurarch plan</title>",
-        f"<style>{_STYLE}</style></head><body>",
+        f"<style>{_STYLE}</style>",
+        _script(nonce),
+        "</head><body>",
         f"<h1>{name}</h1>",
         f'<p class=muted>Shared plan, created {_e(created)} UTC. '
         f'<a href="{_e(share_id)}.json">Graph and plan as JSON</a>.</p>',
+        f'<div id="neurarch-view" data-neurarch-share="{_e(share_id)}.json">',
         f"<pre>{_e(text)}</pre>",
         f"<h2>Layers ({len(layers):,})</h2>",
         "<table><thead><tr><th>name</th><th>type</th><th>scope</th><th>input</th><th>output</th>"
         "<th class=n>params</th><th class=n>FLOPs / sample</th></tr></thead><tbody>",
         *_rows(layers),
         "</tbody></table>",
+        "</div>",
         "</body></html>",
     ])

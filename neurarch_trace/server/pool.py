@@ -168,10 +168,10 @@ class PlanPool:
             return await self.fast.run(work.plan_job, raw, s.max_depth, s.plan_budget_s)
         return await self.heavy.run(work.plan_job, raw, s.max_depth, s.plan_budget_s)
 
-    async def page(self, doc_gz: bytes) -> JobResult:
-        """The share page for a stored document. Raises :class:`Busy`."""
+    async def page(self, doc_gz: bytes, nonce: str) -> JobResult:
+        """The share page for a stored document, its script tag carrying ``nonce``. Raises :class:`Busy`."""
         lane = self.fast if len(doc_gz) * 10 <= self.settings.fast_lane_bytes else self.heavy
-        return await lane.run(work.page_job, doc_gz, self.settings.plan_budget_s)
+        return await lane.run(work.page_job, doc_gz, nonce, self.settings.plan_budget_s)
 
     def close(self) -> None:
         self.fast.close()

@@ -210,11 +210,13 @@ def plan_job(raw: bytes, max_depth: int, budget_s: float) -> JobResult:
     return _run_budgeted(budget_s, _plan, raw, max_depth)
 
 
-def _page(doc_gz: bytes) -> JobResult:
+def _page(doc_gz: bytes, nonce: str) -> JobResult:
     doc = json.loads(gzip.decompress(doc_gz))
-    return JobResult(200, render_share_page(doc["id"], doc["created"], doc["text"], doc["plan"]).encode("utf-8"))
+    page = render_share_page(doc["id"], doc["created"], doc["text"], doc["plan"], nonce=nonce)
+    return JobResult(200, page.encode("utf-8"))
 
 
-def page_job(doc_gz: bytes, budget_s: float) -> JobResult:
-    """The share page (HTML bytes) of a stored document, within ``budget_s`` CPU seconds."""
-    return _run_budgeted(budget_s, _page, doc_gz)
+def page_job(doc_gz: bytes, nonce: str, budget_s: float) -> JobResult:
+    """The share page (HTML bytes) of a stored document, its script tag carrying ``nonce``, within
+    ``budget_s`` CPU seconds."""
+    return _run_budgeted(budget_s, _page, doc_gz, nonce)

@@ -1,4 +1,5 @@
-"""``GET``/``HEAD /p/<id>`` (HTML page) and ``GET``/``HEAD /p/<id>.json`` (stored graph and plan).
+"""``GET``/``HEAD /p/<id>`` (HTML page), ``GET``/``HEAD /p/<id>.json`` (stored graph and plan), and
+the page's one script, the notebook widget's front-end bundle (``GET /p/_static/neurarch-widget.js``).
 
 An id that does not exist, cannot exist or has expired answers the same 404
 ``{"error": "not found"}``: nothing says whether it was ever issued. ``/p/<id>/`` redirects to the
@@ -9,6 +10,7 @@ decompressed in a thread for one that does not. The page is rendered in a worker
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated
 
 import anyio.to_thread
@@ -17,7 +19,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from neurarch_trace.server.deps import get_pool, get_store
 from neurarch_trace.server.errors import ApiError
-from neurarch_trace.server.page import CONTENT_SECURITY_POLICY
+from neurarch_trace.server.page import BUNDLE_ROUTE, bundle, content_security_policy
 from neurarch_trace.server.pool import Busy, PlanPool
 from neurarch_trace.server.schemas import ErrorBody
 from neurarch_trace.server.store import ID_PATTERN, Share, ShareStore, StoreError
@@ -51,6 +53,17 @@ def _accepts_gzip(request: Request) -> bool:
     return False
 
 
+@router.get("/p/" + BUNDLE_ROUTE, include_in_schema=False)
+async def widget_bundle() -> Response:
+    """The front end the share page (and the notebook widget) runs; versioned by ``?v=<digest>``."""
+    try:
+        data, _ = bundle()
+    except OSError:
+        raise ApiError(404, "not found") from None
+    return Response(data, media_type="text/javascript; charset=utf-8",
+                    headers={"Cache-Control": "public, max-age=86400"})
+
+
 # Registered before /p/{share_id}, which would otherwise also match "<id>.json".
 @router.get("/p/{share_id}.json", summary="A shared graph and its plan", responses=_NOT_FOUND,
             operation_id="share_json")
@@ -72,11 +85,12 @@ async def share_json(share_id: str, request: Request,
 async def share_page(share_id: str, request: Request, store: Annotated[ShareStore, Depends(get_store)],
                      pool: Annotated[PlanPool, Depends(get_pool)]) -> Response:
     share = await _load(store, share_id)
-    headers = {**_SHARE_HEADERS, "Content-Security-Policy": CONTENT_SECURITY_POLICY}
+    nonce = secrets.token_urlsafe(18)  # the bundle's script tag carries it; nothing else may run
+    headers = {**_SHARE_HEADERS, "Content-Security-Policy": content_security_policy(nonce)}
     if request.method == "HEAD":
         return Response(b"", media_type="text/html; charset=utf-8", headers=headers)
     try:
-        result = await pool.page(share.doc_gz)
+        result = await pool.page(share.doc_gz, nonce)
     except Busy as exc:
         raise ApiError(503, str(exc), {"Retry-After": str(exc.retry_after)}) from None
     if result.status != 200:
