@@ -117,20 +117,16 @@ def test_consent_notice_is_the_notebooks(share: bool, with_base: bool, monkeypat
     assert consent_notice(_graph(4), base, share=share, host="127.0.0.1:9", notebook=True) == result.send_notice(share)
 
 
-@pytest.mark.parametrize("share, planned", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("state, share, planned", [("plan", False, False), ("share", True, False), ("link", True, True)])
 @pytest.mark.parametrize("with_base", [False, True])
-def test_button_label_is_the_widgets(share: bool, planned: bool, with_base: bool) -> None:
-    pytest.importorskip("ipywidgets")
+def test_button_label_is_the_widgets(state: str, share: bool, planned: bool, with_base: bool) -> None:
+    from neurarch_trace.notebook.render import labels
     from neurarch_trace.notebook.result import NeurarchResult
-    from neurarch_trace.notebook.widget import NeurarchWidget
 
     result = NeurarchResult(_graph(68), base=_graph(2) if with_base else None)
-    if planned:
-        result.card = "+--+"
-    widget = NeurarchWidget(result)
-    widget.share_box.value = share
     label = button_label(_graph(68), has_base=with_base, host="h", share=share, planned=planned)
-    assert label == widget.button_label("h")
+    assert label == labels(result, "h")[state]
+    assert label.endswith(" to h") and ("68 layers" in label)
 
 
 @pytest.mark.parametrize("plan, blocked", [
