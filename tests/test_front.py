@@ -117,7 +117,8 @@ def test_consent_notice_is_the_notebooks(share: bool, with_base: bool, monkeypat
     assert consent_notice(_graph(4), base, share=share, host="127.0.0.1:9", notebook=True) == result.send_notice(share)
 
 
-@pytest.mark.parametrize("state, share, planned", [("plan", False, False), ("share", True, False), ("link", True, True)])
+@pytest.mark.parametrize("state, share, planned",
+                         [("plan", False, False), ("share", True, False), ("link", True, True)])
 @pytest.mark.parametrize("with_base", [False, True])
 def test_button_label_is_the_widgets(state: str, share: bool, planned: bool, with_base: bool) -> None:
     from neurarch_trace.notebook.render import labels
