@@ -81,6 +81,12 @@ def _price(text: str) -> float:
     return value
 
 
+def _gpu(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} names no card: give one such as H100, H100x8 or RTX-4090")
+    return text.strip()
+
+
 PLAN = Option(("--plan",), {
     "action": "store_true",
     "help": "send the graph (shapes and hyperparameters, never weights or code) to the plan service "
@@ -127,6 +133,7 @@ CONTEXT = Option(("--context",), {
     "help": "tokens of context to size serving for (default: the model's maximum, else the traced length)",
 })
 GPU = Option(("--gpu",), {
+    "type": _gpu,
     "default": None,
     "metavar": "NAME[xN]",
     "help": "plan for this card or cluster only, e.g. H100, H100x8, RTX-4090 (cards you own included)",
