@@ -163,6 +163,7 @@ class NeurarchMagics(Magics):
         choices.check_flags(later=True)
         no_save, path = _output(args)
         input_texts = trace.input_texts(example=_NO_INPUT_EXAMPLE)
+        _check_specs(trace, input_texts)
         if path is not None:
             check_output_path(path)
         base = choices.prepare(later=True)  # before any work, so a bad address or base file costs no trace
@@ -188,6 +189,16 @@ class NeurarchMagics(Magics):
         if choices.sends:
             _plan(result, choices.share, fail_on_block=choices.fail_on_block)
         return result
+
+
+def _check_specs(trace: TraceChoices, texts: Sequence[str]) -> None:
+    """Parse ``--dtype`` and the shape inputs before anything is built, as the command line does."""
+    from neurarch_trace.inputs import parse_dtype, parse_input
+
+    for text in texts:
+        if is_shape_spec(text):
+            parse_input(text)
+    parse_dtype(trace.dtype_name())
 
 
 @dataclasses.dataclass(frozen=True)
