@@ -42,8 +42,6 @@ __all__ = ["MAGIC_ONLY", "MAGIC_PLAN_OPTIONS", "MAGIC_TRACE_OPTIONS", "NeurarchM
 
 _NO_SAVE = ("", "''", '""')
 
-#: The magic's trace options: the command line's (:data:`~neurarch_trace.trace_options.TRACE_OPTIONS`),
-#: with ``--input`` also naming notebook data and ``-o`` without ``-`` (stdout); same flags and defaults.
 # What the magic's help says differently from the command line's, by flags (same flags, defaults,
 # choices and checks).
 _NOTEBOOK_WORDS = {
@@ -69,7 +67,8 @@ def _in_notebook_words(options: Sequence[Option]) -> tuple:
 
 
 #: The magic's trace and plan options: the command line's (:data:`~neurarch_trace.trace_options.TRACE_OPTIONS`,
-#: :data:`~neurarch_trace.plan_options.PLAN_OPTIONS`), with ``--input`` also naming notebook data.
+#: :data:`~neurarch_trace.plan_options.PLAN_OPTIONS`) with the same flags, defaults, choices and
+#: checks; ``--input`` also names notebook data, ``-o -`` (stdout) is refused.
 MAGIC_TRACE_OPTIONS = _in_notebook_words(TRACE_OPTIONS)
 MAGIC_PLAN_OPTIONS = _in_notebook_words(PLAN_OPTIONS)
 NO_SAVE = Option(("--no-save",), {"action": "store_true", "help": "do not write the graph file"})
@@ -222,9 +221,9 @@ def _trace_target(text: str, trace: TraceChoices, scope: _Scope) -> tuple:
     device = trace.build_device()
     if all(is_shape_spec(t) for t in scope.inputs):
         specs = [parse_input(t) for t in scope.inputs]
-        graph, _ = _guard(lambda: trace_target(
+        graph, _ = trace_target(
             text, specs, default_dtype=parse_dtype(trace.dtype_name()), name=trace.name, depth=trace.depth,
-            device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose))
+            device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose)
         return graph, trace_source(text, list(scope.inputs))
     loaded = load_target(text, device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose)
     return _trace_model(loaded.model, text, trace, scope, name=trace.name or loaded.name, device=device,
@@ -289,7 +288,8 @@ def _trace_model(model: Any, text: str, trace: TraceChoices, scope: _Scope, *, n
 
 
 def _guard(run: Callable[[], Any]) -> Any:
-    """Run a trace; the tracer's ``ValueError``/``TypeError`` about its arguments is a usage error."""
+    """Run a trace on notebook data; the tracer's ``ValueError``/``TypeError`` about its arguments
+    (a 0-d tensor, ...) is a usage error."""
     try:
         return run()
     except (ValueError, TypeError) as exc:
