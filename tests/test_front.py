@@ -41,6 +41,15 @@ def test_every_plan_option_on_the_trace_command_as_defined() -> None:
         assert actions[option.flags[0]] == _expected(option)
 
 
+def test_every_trace_option_on_the_trace_command_as_defined() -> None:
+    from neurarch_trace.trace_options import DEVICES, TRACE_OPTIONS
+
+    actions = _actions(build_parser())
+    for option in TRACE_OPTIONS:
+        assert actions[option.flags[0]] == _expected(option)
+    assert actions["--device"]["choices"] == tuple(DEVICES)  # a device is one entry of DEVICES
+
+
 def test_the_plan_command_takes_them_but_plan_which_it_implies() -> None:
     actions = _actions(build_plan_parser())
     assert "--plan" not in actions
