@@ -32,6 +32,8 @@ from neurarch_trace.contract import (
     write_graph,
 )
 from neurarch_trace.errors import NeurarchError
+from neurarch_trace.plan_options import add_options
+from neurarch_trace.trace_options import TARGET, TRACE_OPTIONS, TraceChoices
 
 __all__ = ["build_parser", "build_plan_parser", "main"]
 
@@ -51,30 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Nothing leaves this machine unless --plan or --share is given."
         ),
     )
-    parser.add_argument("target", help="path/to/file.py:Attr, package.module:attr or hf:<repo-id or local folder>")
-    parser.add_argument(
-        "--input", "-i", action="append", default=[], metavar="[NAME=]DIMS[:dtype]",
-        help="one per forward argument, batch first, e.g. 1,3,224,224 or 1,16:long or attention_mask=1,16:long "
-             "(NAME= passes it as a keyword argument); hf: targets default to 1,16",
-    )
-    parser.add_argument("--dtype", default=None,
-                        help="dtype of inputs without a suffix (default float32; long for hf:)")
-    parser.add_argument("-o", "--output", default=None, metavar="PATH",
-                        help="where to write the graph (default ./<name>.neurarch.json); '-' writes to stdout")
-    parser.add_argument("--name", default=None,
-                        help="the graph's name (default: the attribute, or the repo name for hf:)")
-    parser.add_argument("--depth", type=int, default=None, metavar="N",
-                        help="stop descending at depth N (1 = the model's children); a container cut off there "
-                             "is one node")
-    parser.add_argument("--device", choices=("cpu", "meta"), default=None,
-                        help="trace on the CPU (default) or on PyTorch's meta device: shapes, parameters and FLOPs "
-                             "without allocating weights or activations (default for hf: targets)")
-    parser.add_argument("--weights", action="store_true",
-                        help="hf: only: load the checkpoint's real weights instead of building from config.json alone")
-    parser.add_argument("--hf-class", default="AutoModel", metavar="CLASS",
-                        help="hf: only: the transformers class that builds the model (default AutoModel, the bare "
-                             "model without a task head; e.g. AutoModelForCausalLM adds the LM head)")
-    parser.add_argument("--verbose", action="store_true", help="print the full traceback on failure")
+    parser.add_argument(TARGET.flags[0], **dict(TARGET.kwargs))
+    add_options(parser.add_argument, TRACE_OPTIONS)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     plan_cli.add_plan_arguments(parser)
     return parser
@@ -146,33 +126,19 @@ def _trace_command(args: argparse.Namespace) -> int:
     """The trace command: check everything that can be checked before the trace, trace, write the
     graph (or print it with ``-o -``), then plan it when asked. Torch loads here, not before."""
     from neurarch_trace.api import trace_target
-    from neurarch_trace.errors import TargetError
     from neurarch_trace.inputs import parse_dtype, parse_input
     from neurarch_trace.progress import Progress
     from neurarch_trace.targets import check_target_form
 
     check_target_form(args.target)
-    is_hf = args.target.startswith("hf:")
+    trace = TraceChoices.from_args(args)
     to_stdout = args.output == "-"
     base = plan_cli.check_plan_arguments(args)
-    if args.depth is not None and args.depth < 0:
-        raise TargetError(f"--depth must be 0 or more, not {args.depth}")
-    if args.weights and not is_hf:
-        raise TargetError("--weights applies to hf: targets only")
-    if args.hf_class != "AutoModel" and not is_hf:
-        raise TargetError("--hf-class applies to hf: targets only")
-    input_texts = args.input or ([ "1,16"] if is_hf else [])
-    if not input_texts:
-        raise NeurarchError("no --input given: pass one per forward argument, batch first, e.g. --input 1,3,224,224")
+    trace.check()  # --depth, --weights and --hf-class on hf: only, --weights with --device meta
+    input_texts = trace.input_texts()
     specs = [parse_input(text) for text in input_texts]
-    default_dtype = parse_dtype(args.dtype) if args.dtype else None
-    if default_dtype is None:
-        import torch
-
-        default_dtype = torch.long if is_hf else torch.float32
-    device = args.device or ("meta" if is_hf and not args.weights else "cpu")
-    if args.weights and device == "meta":
-        raise TargetError("--weights loads real weights, which the meta device cannot hold: drop --device meta")
+    default_dtype = parse_dtype(trace.dtype_name())
+    device = trace.build_device()
     out_path = check_output_path(args.output) if not to_stdout and args.output is not None else None
 
     progress = Progress()

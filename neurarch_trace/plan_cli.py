@@ -38,8 +38,8 @@ from neurarch_trace.console import say
 from neurarch_trace.contract import read_graph
 from neurarch_trace.errors import NeurarchError
 from neurarch_trace.plan_client import PlanResponse, api_host, request_plan, trace_source, user_agent
-from neurarch_trace.plan_options import PLAN_OPTIONS, PlanChoices, add_options, consent_notice
-from neurarch_trace.text import plural, printable
+from neurarch_trace.plan_options import PLAN_OPTIONS, PlanChoices, add_options, block_verdict, consent_notice
+from neurarch_trace.text import printable
 
 __all__ = ["add_plan_arguments", "add_replan_arguments", "check_plan_arguments", "plan_command", "run_plan",
            "wants_plan"]
@@ -155,16 +155,14 @@ def _plan_and_print(graph: dict, graph_path: Optional[str], choices: PlanChoices
 
 def _verdict(answer: PlanResponse) -> int:
     """The exit code of ``--fail-on-block``: 2 when blocked, 1 when the plan cannot tell, else 0."""
-    blocked = answer.blocked
-    if blocked is None:
-        say("the plan carries no plan.run verdict, so --fail-on-block cannot tell whether the graph is blocked")
+    verdict = block_verdict(answer.blocked, answer.blockers)
+    if verdict is None:
+        return 0
+    if answer.blocked is None:
+        say(verdict)
         return 1
-    if blocked:
-        n = len(answer.blockers)
-        what = plural(n, "blocker") if n else "that the graph would not run"
-        say(f"the plan reports {what}; exit 2 (--fail-on-block)")
-        return 2
-    return 0
+    say(f"{verdict}; exit 2 (--fail-on-block)")
+    return 2
 
 
 def _print_card(answer: PlanResponse, share: bool) -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "PlanTimeoutError",
     "api_base",
     "check_api",
+    "check_plan_options",
     "api_host",
     "plan_blocked",
     "request_plan",
@@ -353,6 +354,17 @@ def request_plan(
     if not 200 <= response.status_code < 300:
         raise _status_error(response, host=host, key_sent=bool(key))
     return _parse_answer(response, host=host, share=bool(share))
+
+
+def check_plan_options(options: Mapping[str, Any]) -> None:
+    """Check the sizing options (``seq_len``, ``attention``, ``finetune``, ``context``, ``gpu``,
+    ``usd_per_hour``; a missing one is None) as :func:`request_plan` checks them.
+
+    Raises:
+        ValueError: a value of the wrong type or out of range.
+    """
+    _check_options({k: options.get(k) for k in ("seq_len", "attention", "finetune", "context", "gpu",
+                                                "usd_per_hour")})
 
 
 def _check_options(options: dict) -> None:

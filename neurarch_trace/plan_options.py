@@ -36,6 +36,7 @@ __all__ = [
     "Option",
     "PlanChoices",
     "add_options",
+    "block_verdict",
     "button_label",
     "consent_notice",
     "what_is_sent",
@@ -78,6 +79,12 @@ def _price(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text} is not a positive price per GPU-hour")
     return value
+
+
+def _gpu(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} names no card: give one such as H100, H100x8 or RTX-4090")
+    return text.strip()
 
 
 PLAN = Option(("--plan",), {
@@ -126,6 +133,7 @@ CONTEXT = Option(("--context",), {
     "help": "tokens of context to size serving for (default: the model's maximum, else the traced length)",
 })
 GPU = Option(("--gpu",), {
+    "type": _gpu,
     "default": None,
     "metavar": "NAME[xN]",
     "help": "plan for this card or cluster only, e.g. H100, H100x8, RTX-4090 (cards you own included)",
@@ -144,8 +152,8 @@ PLAN_OPTIONS: Tuple[Option, ...] = (PLAN, SHARE, BASE, FAIL_ON_BLOCK, SEQ_LEN, A
 SIZING_FLAGS: Tuple[Tuple[str, str], ...] = (("--seq-len", "seq_len"), ("--attention", "attention"),
                                              ("--finetune", "finetune"), ("--context", "context"),
                                              ("--gpu", "gpu"), ("--usd-per-hour", "usd_per_hour"))
-#: The plan options the notebook magic takes today (the whole set is issue 17's).
-NOTEBOOK_PLAN_OPTIONS: Tuple[Option, ...] = (PLAN, SHARE, BASE)
+#: The plan options the notebook magic takes: all of them, as the command line's trace command.
+NOTEBOOK_PLAN_OPTIONS: Tuple[Option, ...] = PLAN_OPTIONS
 
 
 def add_options(add: Callable[..., Any], options: Sequence[Option] = PLAN_OPTIONS) -> list:
@@ -198,38 +206,46 @@ class PlanChoices:
         """The flag that asked for the plan, for messages: ``--share`` or ``--plan``."""
         return "--share" if self.share else "--plan"
 
-    def check_flags(self) -> None:
+    def check_flags(self, *, later: bool = False) -> None:
         """Refuse the options that act on a plan when none is asked for.
+
+        ``later``: the front end can plan after the trace (the notebook's result and its plan
+        button), so ``--base`` and the sizing options are kept for that plan instead of refused;
+        ``--fail-on-block`` still needs ``--plan``/``--share`` (there is no verdict to act on).
 
         Raises:
             NeurarchError: ``--base``, ``--fail-on-block`` or a sizing option (``--seq-len``,
                 ``--attention``, ``--finetune``, ``--context``, ``--gpu``, ``--usd-per-hour``)
                 without ``--plan``/``--share``; ``--usd-per-hour`` without ``--gpu``.
         """
+        if (self.sends or later) and self.usd_per_hour is not None and self.gpu is None:
+            raise NeurarchError("--usd-per-hour needs --gpu: it prices the card named there")
         if self.sends:
-            if self.usd_per_hour is not None and self.gpu is None:
-                raise NeurarchError("--usd-per-hour needs --gpu: it prices the card named there")
             return
-        if self.base is not None:
-            raise NeurarchError("--base needs --plan or --share: it is what the plan's diff compares to")
-        for flag, dest in SIZING_FLAGS:
-            if getattr(self, dest) is not None:
-                raise NeurarchError(f"{flag} needs --plan or --share: it sizes the plan")
+        if not later:
+            if self.base is not None:
+                raise NeurarchError("--base needs --plan or --share: it is what the plan's diff compares to")
+            for flag, dest in SIZING_FLAGS:
+                if getattr(self, dest) is not None:
+                    raise NeurarchError(f"{flag} needs --plan or --share: it sizes the plan")
         if self.fail_on_block:
             raise NeurarchError("--fail-on-block needs --plan or --share: it reads the plan's verdict")
 
-    def prepare(self) -> Optional[dict]:
+    def prepare(self, *, later: bool = False) -> Optional[dict]:
         """Before any tracing: check the service address and load the ``--base`` graph.
 
-        Returns the base graph, or None. Raises what :meth:`check_flags` raises,
+        Returns the base graph, or None. ``later`` as in :meth:`check_flags`: the base graph is
+        loaded for a plan asked after the trace too (the service address is checked only when a
+        plan is asked now). Raises what :meth:`check_flags` raises,
         :class:`~neurarch_trace.plan_client.PlanError`
         for a ``NEURARCH_API`` that is not an http(s) URL, and :class:`~neurarch_trace.errors.GraphError`
         (``--base: ...``) for a base file that is missing, not JSON or not a graph.
         """
-        self.check_flags()
-        if not self.sends:
+        self.check_flags(later=later)
+        if not self.sends and not later:
             return None
-        check_api()
+        if self.sends:
+            check_api()
         if self.base is None:
             return None
         try:
@@ -237,11 +253,28 @@ class PlanChoices:
         except NeurarchError as err:
             raise type(err)(f"--base: {err}") from err
 
+    def sizing(self) -> Dict[str, Any]:
+        """The sizing options (``seq_len``, ``attention``, ``finetune``, ``context``, ``gpu``,
+        ``usd_per_hour``) as keyword arguments of
+        :func:`~neurarch_trace.plan_client.request_plan`, None where not given."""
+        return {dest: getattr(self, dest) for _, dest in SIZING_FLAGS}
+
     def request_options(self) -> Dict[str, Any]:
         """The keyword arguments of :func:`~neurarch_trace.plan_client.request_plan` they set."""
-        return {"share": self.share, "seq_len": self.seq_len, "attention": self.attention,
-                "finetune": self.finetune, "context": self.context, "gpu": self.gpu,
-                "usd_per_hour": self.usd_per_hour}
+        return {"share": self.share, **self.sizing()}
+
+
+def block_verdict(blocked: Optional[bool], blockers: Sequence[str]) -> Optional[str]:
+    """What ``--fail-on-block`` says of a plan, without the front end's consequence (the command
+    line adds ``; exit 2``): None when the plan reports no blocker, ``the plan reports 2 blockers``
+    when it reports some, and a sentence saying it cannot tell when the plan carries no verdict
+    (``blocked`` None; :func:`~neurarch_trace.plan_client.plan_blocked`)."""
+    if blocked is None:
+        return "the plan carries no plan.run verdict, so --fail-on-block cannot tell whether the graph is blocked"
+    if not blocked:
+        return None
+    n = len(blockers)
+    return f"the plan reports {plural(n, 'blocker') if n else 'that the graph would not run'}"
 
 
 # --- consent ----------------------------------------------------------------------------------

@@ -232,7 +232,9 @@ def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoMod
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
     builder = getattr(transformers, hf_class, None)
-    if builder is None or not hasattr(builder, "from_config"):
+    # Auto classes build with from_config; a model class (LlamaForCausalLM) with _from_config
+    build = getattr(builder, "from_config", None) or getattr(builder, "_from_config", None)
+    if build is None:
         raise TargetError(
             f"--hf-class {hf_class!r} is not a transformers model class: use AutoModel, AutoModelForCausalLM, "
             "AutoModelForSequenceClassification, ... or a class such as LlamaForCausalLM"
@@ -266,7 +268,7 @@ def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoMod
                 model = model.to(device)
         else:
             with _device(device):
-                model = builder.from_config(config)
+                model = build(config)
     except OSError as exc:
         raise TargetError(f"cannot load the weights of Hugging Face model {ident!r}: {error_line(exc)}") from exc
     except (ValueError, KeyError, ImportError) as exc:

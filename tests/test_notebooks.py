@@ -92,6 +92,11 @@ def _check_outputs(nb: Any, name: str) -> None:
     html = "\n".join(_text(o["data"]["text/html"]) for o in _outputs(nb) if "text/html" in o.get("data", {}))
     assert '<pre class="neurarch-card"' in html and 'class="neurarch-share-link"' in html, f"{name}: no card in HTML"
     assert '<table class="neurarch-layers"' in html and "Total (" in html, f"{name}: no layer table in HTML"
+    for cell in nb.cells:  # each planning line shows its own card (the hf: target's too)
+        planning = [ln for ln in cell.source.splitlines() if "%neurarch" in ln and re.search(r"--(plan|share)\b", ln)]
+        if cell.cell_type == "code" and planning:
+            one = _texts(nbformat.v4.new_notebook(cells=[cell]))
+            assert CARD_LINE.search(one) and "| Runs" in one, f"{name}: no card under {planning[0]!r}"
     ours = [o for o in _outputs(nb) if "neurarch-" in _text(o.get("data", {}).get("text/html", ""))]
     assert not [o for o in ours if WIDGET_VIEW in o["data"]], \
         f"{name}: a widget view no front end ever ran (nbconvert would show it empty)"

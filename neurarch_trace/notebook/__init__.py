@@ -3,10 +3,11 @@
     %load_ext neurarch_trace
     %neurarch model --input 1,3,224,224 --plan --share
 
-:mod:`.magic` parses the line with IPython's magic arguments (the plan options come from
-:mod:`neurarch_trace.plan_options`, as the command line's do) and calls the same tracer, graph writer
-and plan client as the command line; :mod:`.namespace` turns the magic's ``--input`` values and
-model expression into forward arguments (no IPython there); :mod:`.result` holds what comes back
+:mod:`.magic` parses the line with IPython's magic arguments (the trace and plan options come from
+:mod:`neurarch_trace.trace_options` and :mod:`neurarch_trace.plan_options`, as the command line's do)
+and calls the same target loader, tracer, graph writer and plan client as the command line;
+:mod:`.namespace` tells a model expression from a target and turns the magic's ``--input`` values
+and model expression into forward arguments (no IPython there); :mod:`.result` holds what comes back
 (:class:`NeurarchResult`: graph, path, card, url, plan, error); :mod:`.render` writes it as text and
 script-free HTML; :mod:`.widget` is its anywidget view (front end in ``extension/``);
 :mod:`.service` runs a plan service on loopback inside the kernel, for notebooks that keep

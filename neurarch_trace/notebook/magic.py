@@ -1,23 +1,30 @@
-"""``%neurarch``: trace a model from the notebook's namespace, write its graph, and plan it on request.
+"""``%neurarch``: trace a model, write its graph, and plan it on request; in the notebook, with the
+command line's language.
 
     %load_ext neurarch_trace
-    %neurarch model --input 1,3,224,224 --plan --share
-    r = %neurarch model --input batch                 # a tensor, tuple/list or dict in the namespace
+    %neurarch model --input 1,3,224,224 --plan --share   # a model in the notebook
+    %neurarch hf:./my-checkpoint --plan                   # a target, as the command line takes it
+    r = %neurarch model --input batch                     # a tensor, tuple/list or dict in the notebook
 
-The magic is thin: IPython's magic-argument machinery parses the line (so ``%neurarch?`` shows the
-options), names are looked up in the user's namespace, and the work is done by the same tracer
-(:func:`neurarch_trace.tracer.trace_model`), graph writer and plan client as the command line. Every
-user error is a ``UsageError``, which IPython shows as one line; ``--verbose`` also prints the
-traceback. A plan failure is not an error of the magic: the graph is still written and the returned
+The magic is thin: IPython's magic-argument machinery parses the line, with the command line's trace
+and plan options built from the same definitions (:mod:`neurarch_trace.trace_options`,
+:mod:`neurarch_trace.plan_options`), so ``%neurarch?`` shows them and the names, defaults, choices
+and checks are the command line's. The model is a Python expression in the notebook or a target the
+command line takes (:func:`~neurarch_trace.notebook.namespace.model_kind` states the rule); the work
+is done by the same loader (:func:`neurarch_trace.api.trace_target`), tracer, graph writer and plan
+client as the command line. Every user error is a ``UsageError``, which IPython shows as one line;
+``--verbose`` also prints the traceback. A plan failure is not an error of the magic (but with
+``--fail-on-block``): the graph is still written and the returned
 :class:`~neurarch_trace.notebook.result.NeurarchResult` carries the failure in ``error``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, needs_local_scope
@@ -25,20 +32,59 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from neurarch_trace.contract import check_output_path, default_graph_path
 from neurarch_trace.errors import NeurarchError
-from neurarch_trace.notebook.namespace import evaluate, resolve_inputs
-from neurarch_trace.plan_options import NOTEBOOK_PLAN_OPTIONS, PlanChoices, add_options
+from neurarch_trace.notebook.namespace import _model_device, evaluate, is_shape_spec, model_kind, resolve_inputs
+from neurarch_trace.plan_options import FAIL_ON_BLOCK, PLAN_OPTIONS, Option, PlanChoices, add_options, block_verdict
 from neurarch_trace.text import error_line
+from neurarch_trace.trace_options import DEVICE, INPUT, OUTPUT, TARGET_FORMS, TRACE_OPTIONS, TraceChoices
 
-__all__ = ["NeurarchMagics", "load_ipython_extension", "unload_ipython_extension", "resolve_inputs"]
+__all__ = ["MAGIC_ONLY", "MAGIC_PLAN_OPTIONS", "MAGIC_TRACE_OPTIONS", "NeurarchMagics", "load_ipython_extension",
+           "resolve_inputs", "unload_ipython_extension"]
 
 _NO_SAVE = ("", "''", '""')
 
+# What the magic's help says differently from the command line's, by flags (same flags, defaults,
+# choices and checks).
+_NOTEBOOK_WORDS = {
+    INPUT.flags: {
+        "metavar": "[NAME=]DIMS[:dtype] | [NAME=]VAR",
+        "help": "one per forward argument, batch first: a shape such as 1,3,224,224 or 1,16:long (a seeded random "
+                "tensor), or the name of a tensor, a tuple/list of tensors (positional) or a dict of tensors "
+                "(keyword arguments) in the notebook; NAME= passes it as that keyword argument; hf: targets "
+                "default to 1,16",
+    },
+    OUTPUT.flags: {"help": "where to write the graph (default ./<name>.neurarch.json; -o '' or --no-save: none)"},
+    DEVICE.flags: {"help": DEVICE.kwargs["help"] + "; a live model in the notebook is never moved: --device must "
+                   "name where it lives"},
+    FAIL_ON_BLOCK.flags: {"help": "raise after showing the result when the plan reports a blocker (the graph "
+                          "would not run), so Run All stops there"},
+}
 
-def _plan_arguments(func: Callable) -> Callable:
-    """Decorate the magic with the plan options (:mod:`neurarch_trace.plan_options`)."""
-    for decorator in reversed(add_options(argument, NOTEBOOK_PLAN_OPTIONS)):
-        func = decorator(func)
-    return func
+
+def _in_notebook_words(options: Sequence[Option]) -> tuple:
+    """``options`` with the magic's help words (:data:`_NOTEBOOK_WORDS`) where it has its own."""
+    return tuple(dataclasses.replace(o, kwargs={**o.kwargs, **_NOTEBOOK_WORDS[o.flags]})
+                 if o.flags in _NOTEBOOK_WORDS else o for o in options)
+
+
+#: The magic's trace and plan options: the command line's (:data:`~neurarch_trace.trace_options.TRACE_OPTIONS`,
+#: :data:`~neurarch_trace.plan_options.PLAN_OPTIONS`) with the same flags, defaults, choices and
+#: checks; ``--input`` also names notebook data, ``-o -`` (stdout) is refused.
+MAGIC_TRACE_OPTIONS = _in_notebook_words(TRACE_OPTIONS)
+MAGIC_PLAN_OPTIONS = _in_notebook_words(PLAN_OPTIONS)
+NO_SAVE = Option(("--no-save",), {"action": "store_true", "help": "do not write the graph file"})
+#: The magic's options the command line does not have.
+MAGIC_ONLY: tuple = (NO_SAVE,)
+_NO_INPUT_EXAMPLE = ", or the name of a tensor in the notebook, e.g. --input batch"
+
+
+def _options(*groups: Sequence[Option]) -> Callable:
+    """Decorate the magic with these options, in this order (a decorator per option)."""
+    def decorate(func: Callable) -> Callable:
+        for group in reversed(groups):
+            for decorator in reversed(add_options(argument, group)):
+                func = decorator(func)
+        return func
+    return decorate
 
 
 # ------------------------------------------------------------------------------------ magic
@@ -51,35 +97,39 @@ class NeurarchMagics(Magics):
     @needs_local_scope
     @magic_arguments()
     @argument(
-        "expr", nargs="+",
-        help="the model: an nn.Module instance in the notebook (the usual case), a Module class "
-             "(built with no arguments) or a factory (called with no arguments); any Python expression",
+        "target", nargs="+", metavar="TARGET",
+        help="the model: a Python expression in the notebook (an nn.Module instance, a Module class built "
+             f"with no arguments, or a factory called with none), or a target as on the command line: {TARGET_FORMS}",
     )
-    @argument(
-        "-i", "--input", action="append", default=[], metavar="[NAME=]DIMS[:dtype] | [NAME=]VAR",
-        help="one per forward argument, batch first: a shape such as 1,3,224,224 or 1,16:long (a seeded "
-             "random tensor), or the name of a tensor, a tuple/list of tensors (positional) or a dict of "
-             "tensors (keyword arguments) in the notebook; NAME= passes it as that keyword argument",
-    )
-    @argument("--dtype", default=None, help="dtype of shape inputs without a suffix (default float32)")
-    @_plan_arguments
-    @argument("--name", default=None, help="the graph's name (default: the class or factory name)")
-    @argument("--depth", type=int, default=None, metavar="N",
-              help="stop descending at depth N (1 = the model's children); a container cut off there is one node")
-    @argument("-o", "--output", default=None, metavar="PATH",
-              help="where to write the graph (default ./<name>.neurarch.json)")
-    @argument("--no-save", action="store_true", help="do not write the graph file")
-    @argument("--verbose", action="store_true", help="show the full traceback of a failure")
+    @_options(MAGIC_TRACE_OPTIONS, MAGIC_PLAN_OPTIONS, MAGIC_ONLY)
     @line_magic
     def neurarch(self, line: str = "", local_ns: Optional[dict] = None) -> Any:
         """Trace one forward pass of a PyTorch model into a .neurarch.json graph, in the notebook.
 
+        TARGET is a model in the notebook or anything the command line takes::
+
+            %neurarch model --input 1,3,224,224        a Python expression: an nn.Module, a class, a factory
+            %neurarch hf:bert-base-uncased --plan      hf:<repo-id or folder>, built from its config on meta
+            %neurarch models/resnet.py:ResNet18 -i 1,3,224,224     a file and an attribute in it
+            %neurarch mypkg.models:build -i 1,3,224,224            a module and an attribute in it
+            r = %neurarch model --input batch          data in the notebook as the inputs
+
+        Which one: valid Python is an expression, evaluated in the notebook; anything else of a
+        target's form is loaded as the command line loads it. No target form is valid Python (a
+        colon outside brackets is not), so `resnet` is always the notebook's variable and
+        `resnet:ResNet18` always the module's attribute, whatever the notebook holds.
+
+        The options are the command line's, with the same names, defaults and errors; besides,
+        --input also names data in the notebook, and --no-save writes no file; -o - (stdout) and
+        --version are the command line's only. A live model is never moved: --device must name
+        where it lives (a class, a factory or a target is built on --device). The plan options
+        without --plan/--share are kept for the widget's plan button and r.request_plan()
+        (nothing is sent without --plan, --share or a click); --fail-on-block raises after showing
+        the result when the plan reports a blocker, so "Run All" stops there.
+
         Returns a NeurarchResult (graph, path, card, url, plan, error) whose display is a widget:
         summary, per-layer table and a button to get the plan; with --plan/--share, the card and the
-        share link. Example::
-
-            %neurarch model --input 1,3,224,224 --plan --share
-            r = %neurarch model --input batch
+        share link.
         """
         args = parse_argstring(self.neurarch, line)
         verbose = bool(args.verbose)
@@ -100,22 +150,28 @@ class NeurarchMagics(Magics):
 
     def _run(self, args: Any, local_ns: Optional[dict]) -> Any:
         """Check the line, trace, write the graph, and plan it when asked (see :meth:`neurarch`)."""
+        text = " ".join(args.target).strip()
+        kind = model_kind(text)
+        if kind == "target":
+            from neurarch_trace.targets import check_target_form
+
+            check_target_form(text)
+        trace = TraceChoices.from_args(args, target=text)
         choices = PlanChoices.from_args(args)
-        if args.depth is not None and args.depth < 0:
-            raise UsageError(f"--depth must be 0 or more, not {args.depth}")
-        choices.check_flags()
+        trace.check()
+        choices.check_flags(later=True)
         no_save, path = _output(args)
-        if not args.input:
-            raise UsageError(
-                "no --input given: pass one per forward argument, batch first, e.g. --input 1,3,224,224, "
-                "or the name of a tensor in the notebook, e.g. --input batch"
-            )
+        input_texts = trace.input_texts(example=_NO_INPUT_EXAMPLE)
+        _check_specs(trace, input_texts)
         if path is not None:
             check_output_path(path)
-        base = choices.prepare()  # before any work, so a bad address or base file costs no trace
+        base = choices.prepare(later=True)  # before any work, so a bad address or base file costs no trace
 
-        expr = " ".join(args.expr).strip()
-        graph, spec_texts = self._trace(expr, args, local_ns)
+        namespace = dict(self.shell.user_ns)
+        if local_ns:
+            namespace.update(local_ns)
+        scope = _Scope(namespace, self.shell.user_global_ns, input_texts)
+        graph, source = _trace_target(text, trace, scope) if kind == "target" else _trace_expression(text, trace, scope)
         if not no_save:
             from neurarch_trace.contract import write_error, write_graph
 
@@ -126,43 +182,131 @@ class NeurarchMagics(Magics):
                 raise write_error(exc, path) from None
 
         from neurarch_trace.notebook.result import NeurarchResult
-        from neurarch_trace.plan_client import trace_source
 
-        result = NeurarchResult(graph, path=path, source=trace_source(expr, spec_texts), base=base,
-                                verbose=bool(args.verbose))
+        result = NeurarchResult(graph, path=path, source=source, base=base, plan_options=choices.sizing(),
+                                verbose=trace.verbose)
         if choices.sends:
-            _plan(result, choices.share)
+            _plan(result, choices.share, fail_on_block=choices.fail_on_block)
         return result
 
-    def _trace(self, expr: str, args: Any, local_ns: Optional[dict]) -> tuple:
-        """The graph of the model ``expr`` names, on the ``--input`` values; and the inputs written
-        back as shape specs (for the plan request's ``source``)."""
-        import torch
 
-        from neurarch_trace.inputs import parse_dtype
-        from neurarch_trace.targets import as_module
-        from neurarch_trace.tracer import trace_model
+def _check_specs(trace: TraceChoices, texts: Sequence[str]) -> None:
+    """Parse ``--dtype`` and the shape inputs before anything is built, as the command line does."""
+    from neurarch_trace.inputs import parse_dtype, parse_input
 
-        namespace = dict(self.shell.user_ns)
-        if local_ns:
-            namespace.update(local_ns)
-        global_ns = self.shell.user_global_ns
-        default_dtype = parse_dtype(args.dtype) if args.dtype else torch.float32
+    for text in texts:
+        if is_shape_spec(text):
+            parse_input(text)
+    parse_dtype(trace.dtype_name())
 
-        target = evaluate(expr, namespace, global_ns, "the model expression")
-        model = as_module(target, label=expr)
-        name = args.name
-        if name is None and not isinstance(target, torch.nn.Module):
-            name = getattr(target, "__name__", None)
 
-        fwd_args, fwd_kwargs, spec_texts = resolve_inputs(
-            list(args.input), namespace, model=model, default_dtype=default_dtype, global_ns=global_ns
+@dataclasses.dataclass(frozen=True)
+class _Scope:
+    """Where the line's names are looked up, and its ``--input`` values."""
+
+    namespace: dict
+    global_ns: dict
+    inputs: list
+
+
+def _trace_target(text: str, trace: TraceChoices, scope: _Scope) -> tuple:
+    """``(graph, source)`` of a target, built as the command line builds it (on ``--device``;
+    ``hf:`` on meta by default). Shape inputs go through :func:`~neurarch_trace.api.trace_target`,
+    the command line's own path; notebook data is moved to the model's device."""
+    from neurarch_trace.api import trace_target
+    from neurarch_trace.inputs import parse_dtype, parse_input
+    from neurarch_trace.plan_client import trace_source
+    from neurarch_trace.targets import load_target
+
+    device = trace.build_device()
+    if all(is_shape_spec(t) for t in scope.inputs):
+        specs = [parse_input(t) for t in scope.inputs]
+        graph, _ = trace_target(
+            text, specs, default_dtype=parse_dtype(trace.dtype_name()), name=trace.name, depth=trace.depth,
+            device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose)
+        return graph, trace_source(text, list(scope.inputs))
+    loaded = load_target(text, device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose)
+    return _trace_model(loaded.model, text, trace, scope, name=trace.name or loaded.name, device=device,
+                        described=True)
+
+
+def _trace_expression(text: str, trace: TraceChoices, scope: _Scope) -> tuple:
+    """``(graph, source)`` of the model a Python expression names: a live ``nn.Module`` as it is
+    (never moved), a class or factory built on ``--device``."""
+    import torch
+
+    from neurarch_trace.targets import as_module
+
+    found = evaluate(text, scope.namespace, scope.global_ns, "the model expression")
+    if isinstance(found, torch.nn.Module):
+        _check_live_device(found, trace.device, text)
+        return _trace_model(found, text, trace, scope, name=trace.name, device=None)
+    device = trace.build_device()
+    if device == "cpu":
+        model = as_module(found, label=text)
+    else:
+        with torch.device(device):
+            model = as_module(found, label=text)
+    name = trace.name or getattr(found, "__name__", None)
+    return _trace_model(model, text, trace, scope, name=name, device=device)
+
+
+def _check_live_device(model: Any, device: Optional[str], text: str) -> None:
+    """Refuse a ``--device`` other than where a live model lives: the magic never moves it."""
+    if device is None:
+        return
+    where = _model_device(model)
+    where = getattr(where, "type", where)
+    if where != device:
+        raise UsageError(
+            f"--device {device}: {text} is a live model on {where}, and a live model is never moved; drop --device "
+            f"(inputs are made where the model lives), or pass its class, a factory or a target, built on --device"
         )
-        try:
-            graph = trace_model(model, tuple(fwd_args), kwargs=fwd_kwargs, name=name, depth=args.depth)
-        except (ValueError, TypeError) as exc:
-            raise UsageError(str(exc)) from None
-        return graph, spec_texts
+
+
+def _trace_model(model: Any, text: str, trace: TraceChoices, scope: _Scope, *, name: Optional[str],
+                 device: Optional[str], described: bool = False) -> tuple:
+    """``(graph, source)``: ``model`` traced on the ``--input`` values (shapes or notebook data);
+    notebook tensors are moved to ``device`` when it is the meta device (the model was built there).
+    ``described``: the graph's description names the target, as the command line's does."""
+    from neurarch_trace.inputs import parse_dtype
+    from neurarch_trace.plan_client import trace_source
+    from neurarch_trace.tracer import trace_model
+
+    fwd_args, fwd_kwargs, spec_texts = resolve_inputs(
+        list(scope.inputs), scope.namespace, model=model, default_dtype=parse_dtype(trace.dtype_name()),
+        global_ns=scope.global_ns,
+    )
+    if device == "meta":
+        fwd_args, fwd_kwargs = _to_device(fwd_args, device), _to_device(fwd_kwargs, device)
+    description = None
+    if described:
+        description = f"Traced by neurarch-trace from {text} with " + " ".join(f"--input {t}" for t in spec_texts)
+    graph = _guard(lambda: trace_model(model, tuple(fwd_args), kwargs=fwd_kwargs, name=name, depth=trace.depth,
+                                       description=description))
+    return graph, trace_source(text, spec_texts)
+
+
+def _guard(run: Callable[[], Any]) -> Any:
+    """Run a trace on notebook data; the tracer's ``ValueError``/``TypeError`` about its arguments
+    (a 0-d tensor, ...) is a usage error."""
+    try:
+        return run()
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _to_device(value: Any, device: str) -> Any:
+    """``value`` with every tensor in it (in tuples, lists and dicts too) moved to ``device``."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
 
 
 def _output(args: Any) -> tuple:
@@ -178,16 +322,26 @@ def _output(args: Any) -> tuple:
     return no_save, path
 
 
-def _plan(result: Any, share: bool) -> None:
-    """Plan ``result`` after saying what is sent; a failure is reported on stderr, not raised."""
+def _plan(result: Any, share: bool, *, fail_on_block: bool = False) -> None:
+    """Plan ``result`` after saying what is sent; a failure is reported on stderr, not raised, but
+    with ``fail_on_block``: then a failure, a blocker or a plan without a verdict raises (after
+    the result is shown, for a blocker)."""
     print(result.send_notice(share), flush=True)
     result.request_plan(share=share)
     if result.error:
+        if fail_on_block:
+            raise UsageError(f"plan failed: {result.error} (--fail-on-block)")
         print(f"neurarch: plan failed: {result.error}", file=sys.stderr, flush=True)
         if result.traceback:
             print(result.traceback, file=sys.stderr, end="", flush=True)
     elif share and result.url is None and result.share_error:
         print(f"neurarch: no share link: {result.share_error}", file=sys.stderr, flush=True)
+    verdict = block_verdict(result.blocked, result.blockers) if fail_on_block and not result.error else None
+    if verdict is not None:
+        from IPython.display import display
+
+        display(result)
+        raise UsageError(f"{verdict} (--fail-on-block)")
 
 
 # -------------------------------------------------------------------------------- extension

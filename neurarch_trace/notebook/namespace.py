@@ -1,4 +1,4 @@
-"""The magic's ``--input`` values and model expression, read from the notebook's namespace.
+"""The magic's ``--input`` values and model argument, read from the notebook's namespace.
 
 No IPython here: :func:`resolve_inputs` and :func:`evaluate` take plain mappings (the user's
 namespace), so the command line, a test or another front end can use them; torch is imported when
@@ -8,15 +8,18 @@ one line (the magic shows it as a ``UsageError``).
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Mapping, Optional
 
 from neurarch_trace.errors import NeurarchError
 from neurarch_trace.text import error_line
+from neurarch_trace.trace_options import TARGET_FORMS
 
-__all__ = ["InputError", "evaluate", "resolve_inputs"]
+__all__ = ["InputError", "evaluate", "is_shape_spec", "model_kind", "resolve_inputs"]
 
 _NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(?!=)(.*)$", re.S)
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 class InputError(NeurarchError):
@@ -30,6 +33,49 @@ def _tensor_spec_text(name: Optional[str], tensor: Any) -> str:
     dims = ",".join(str(int(d)) for d in tensor.shape) or "1"
     prefix = f"{name}=" if name else ""
     return f"{prefix}{dims}:{dtype_name(tensor.dtype)}"
+
+
+def model_kind(text: str) -> str:
+    """How the magic reads its model argument: ``"expression"`` or ``"target"``.
+
+    The rule: valid Python is an expression (evaluated in the notebook). Anything else that has a
+    target's form is a target, loaded as the command line loads it: ``hf:<id or folder>``,
+    ``FILE:Attr`` where FILE ends in ``.py`` or names a folder (``examples/models/resnet.py:ResNet18``),
+    ``pkg.mod:attr`` (dotted names on both sides). No target form is valid Python (a colon outside
+    brackets is a syntax error), so the two never overlap: ``resnet`` is the notebook's variable
+    even where a module ``resnet`` exists, ``resnet:ResNet18`` is the module's attribute even where
+    the notebook has a variable ``resnet``, and ``models[1:2]`` stays a slice.
+
+    Raises:
+        InputError: ``text`` is neither valid Python nor of a target's form.
+    """
+    try:
+        compile(text, "<the model expression>", "eval")
+        return "expression"
+    except SyntaxError as exc:
+        why = exc.msg
+    if text.startswith("hf:"):
+        return "target"
+    where, colon, attr = text.rpartition(":")
+    is_path = where.endswith(".py") or "/" in where or os.sep in where
+    if colon and where and _DOTTED.match(attr) and (is_path or _DOTTED.match(where)):
+        return "target"
+    if colon:
+        raise InputError(f"{text!r} is neither a Python expression ({why}) nor a target ({TARGET_FORMS})")
+    raise InputError(f"the model expression {text!r} is not a Python expression ({why})")
+
+
+def is_shape_spec(text: str) -> bool:
+    """True when an ``--input`` value is a shape spec (``[NAME=]D0,D1,...[:dtype]``: it starts with
+    a digit after any ``NAME=``), False when it names notebook data (``[NAME=]EXPR``)."""
+    body = _split(text.strip())[1]
+    return not body or body[0].isdigit()
+
+
+def _split(text: str) -> tuple:
+    """``(keyword name or None, the rest)`` of an ``--input`` value."""
+    match = _NAME.match(text)
+    return (match.group(1), match.group(2).strip()) if match else (None, text)
 
 
 def evaluate(text: str, namespace: Mapping[str, Any], global_ns: Mapping[str, Any], what: str) -> Any:
@@ -102,9 +148,8 @@ def _entries(texts: list[str], namespace: Mapping[str, Any],
     specs = []
     for raw in texts:
         text = raw.strip()
-        match = _NAME.match(text)
-        kw, body = (match.group(1), match.group(2).strip()) if match else (None, text)
-        if not body or body[0].isdigit():
+        kw, body = _split(text)
+        if is_shape_spec(text):
             spec = parse_input(text)
             specs.append(spec)
             entries.append(("spec", spec, spec.name, text))

@@ -3,6 +3,7 @@
     >>> r = %neurarch model --input 1,3,32,32          # in a notebook
     >>> r.graph["measured"]["params"], r.path           # the .neurarch.json dict and its file
     >>> r.request_plan(share=True)                      # explicit: sends the graph, fills r.card, r.url
+    >>> r.request_plan(gpu="H100x8", finetune="lora")   # the command line's plan options, by name
     >>> print(r)                                        # the card and the share link, as plain text
 
 Display: in a Jupyter kernel (JupyterLab, Notebook 7, VS Code, Colab) the object shows as the
@@ -30,7 +31,21 @@ from neurarch_trace.errors import NeurarchError
 from neurarch_trace.notebook.render import layer_rows, result_text, static_html, summary_lines
 from neurarch_trace.text import plural
 
-__all__ = ["NeurarchResult", "layer_rows", "widget_frontend"]
+__all__ = ["NeurarchResult", "SIZING_OPTIONS", "layer_rows", "widget_frontend"]
+
+#: The plan's sizing options, as :meth:`NeurarchResult.request_plan` takes them (the command line's
+#: ``--seq-len``, ``--attention``, ``--finetune``, ``--context``, ``--gpu``, ``--usd-per-hour``).
+SIZING_OPTIONS = ("seq_len", "attention", "finetune", "context", "gpu", "usd_per_hour")
+
+
+class _Unchanged:
+    """The default of :meth:`NeurarchResult.request_plan`'s sizing options: keep the current value."""
+
+    def __repr__(self) -> str:
+        return "<unchanged>"
+
+
+_UNCHANGED: Any = _Unchanged()
 
 def widget_frontend() -> bool:
     """True inside a Jupyter kernel (JupyterLab, Notebook 7, VS Code, Colab, nbclient) with anywidget
@@ -64,6 +79,9 @@ class NeurarchResult:
         traceback: the failure's traceback text, kept only when ``verbose``.
         source: the ``source`` block sent with a plan request (target as typed, inputs).
         base: a second graph the plan compares with (``--base``), or None.
+        plan_options: the sizing options a plan sends (:data:`SIZING_OPTIONS`, None where not
+            set): those of the magic line, then those of the last :meth:`request_plan`; the
+            widget's plan button sends them too.
         verbose: keep and show tracebacks of failures.
     """
 
@@ -74,12 +92,16 @@ class NeurarchResult:
         path: str | None = None,
         source: dict | None = None,
         base: dict | None = None,
+        plan_options: dict | None = None,
         verbose: bool = False,
     ) -> None:
         self.graph = graph
         self.path = path
         self.source = source
         self.base = base
+        self.plan_options = {name: None for name in SIZING_OPTIONS}
+        if plan_options:
+            self.plan_options = _sizing(self.plan_options, plan_options)
         self.verbose = verbose
         self.card: str | None = None
         self.url: str | None = None
@@ -156,22 +178,47 @@ class NeurarchResult:
 
     # ---------------------------------------------------------------------------- planning
 
-    def request_plan(self, share: bool = False, *, api: str | None = None) -> NeurarchResult:
+    def request_plan(
+        self,
+        share: bool = False,
+        *,
+        seq_len: int | None = _UNCHANGED,
+        attention: str | None = _UNCHANGED,
+        finetune: str | None = _UNCHANGED,
+        context: int | None = _UNCHANGED,
+        gpu: str | None = _UNCHANGED,
+        usd_per_hour: float | None = _UNCHANGED,
+        api: str | None = None,
+    ) -> NeurarchResult:
         """Send the graph to the plan service (``NEURARCH_API``, default www.neurarch.com) and keep
         the answer in ``card``, ``url``, ``plan``, ``share_error``.
 
-        Calling this is the consent: it sends :meth:`what_is_sent`, and with ``share`` the service
-        stores the graph and card at a public, unguessable URL. A failure never raises: ``error``
-        holds one line saying what happened (the graph file stays where it is), and ``traceback``
-        the details when ``verbose``. Returns ``self``. Safe to call from a thread.
-        """
-        from neurarch_trace.plan_client import request_plan
+        The sizing options are the command line's plan options by their Python names (``seq_len``
+        for ``--seq-len N`` tokens, ``attention`` ``sdpa``/``flash``/``eager``, ``finetune``
+        ``full``/``lora``/``qlora``, ``context`` tokens, ``gpu`` such as ``"H100x8"``,
+        ``usd_per_hour`` dollars per GPU-hour of ``gpu``). One not given keeps its value in
+        ``plan_options`` (the magic line's, or the last call's); ``None`` drops it (the
+        service's default). The values used are kept in ``plan_options``, for the next call and
+        the widget's button.
 
+        Calling this is the consent: it sends :meth:`what_is_sent`, and with ``share`` the service
+        stores the graph and card at a public, unguessable URL. A failure of the plan never raises:
+        ``error`` holds one line saying what happened (the graph file stays where it is), and
+        ``traceback`` the details when ``verbose``. Returns ``self``. Safe to call from a thread.
+
+        Raises:
+            ValueError: a sizing option out of range (``seq_len=0``, ``finetune="half"``, ...), or
+                ``usd_per_hour`` without ``gpu``; nothing is sent and ``plan_options`` is unchanged.
+        """
+        given = {"seq_len": seq_len, "attention": attention, "finetune": finetune, "context": context,
+                 "gpu": gpu, "usd_per_hour": usd_per_hour}
+        options = _sizing(self.plan_options, given)
         with self._lock:
+            self.plan_options = options
             self.error = None
             self.traceback = None
             try:
-                answer = request_plan(self.graph, share=share, base=self.base, source=self.source, api=api)
+                answer = self._send(share, options, api)
             except NeurarchError as err:
                 self._fail(str(err), err)
                 return self
@@ -184,6 +231,11 @@ class NeurarchResult:
             self.url = answer.url
             self.share_error = answer.share_error if share else None
             return self
+
+    def _send(self, share: bool, options: dict, api: str | None) -> Any:
+        from neurarch_trace.plan_client import request_plan
+
+        return request_plan(self.graph, share=share, base=self.base, source=self.source, api=api, **options)
 
     def _fail(self, line: str, err: BaseException) -> None:
         still = f"; the graph is still at {self.path}" if self.path else ""
@@ -249,3 +301,22 @@ class NeurarchResult:
             except Exception:  # noqa: BLE001 - no widget: the text and HTML still show
                 pass
         display({"text/plain": str(self), "text/html": self._repr_html_()}, raw=True)
+
+
+def _sizing(current: dict, given: dict) -> dict:
+    """``current`` with the ``given`` sizing options that are not :data:`_UNCHANGED`, checked as
+    the plan client checks them (:func:`~neurarch_trace.plan_client.check_plan_options`).
+
+    Raises:
+        ValueError: an unknown option, a value out of range, or ``usd_per_hour`` without ``gpu``.
+    """
+    from neurarch_trace.plan_client import check_plan_options
+
+    unknown = sorted(set(given) - set(SIZING_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown plan option {unknown[0]!r}: use {', '.join(SIZING_OPTIONS)}")
+    merged = {**current, **{k: v for k, v in given.items() if v is not _UNCHANGED}}
+    check_plan_options(merged)
+    if merged["usd_per_hour"] is not None and merged["gpu"] is None:
+        raise ValueError("usd_per_hour needs gpu: it prices the card named there")
+    return merged
