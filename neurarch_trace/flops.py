@@ -34,7 +34,7 @@ import torch
 from torch.utils import flop_counter as _fc
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["FlopMode", "rnn_flops", "linear_flops", "op_flops"]
+__all__ = ["FlopMode", "flop_kind", "rnn_flops", "linear_flops", "op_flops"]
 
 _aten = torch.ops.aten
 
@@ -227,6 +227,18 @@ class FlopMode(TorchDispatchMode):
         elif entry[2]:
             self._sink(None, entry[1])
         return out
+
+
+def flop_kind(op: str) -> str:
+    """The kind of work an operation's FLOPs are: ``"convolution"`` (``aten.convolution``,
+    ``aten.conv2d``, ...), ``"attention"`` (the fused attention kernels) or ``"matmul"`` (matrix
+    products, and anything else counted). ``op`` is the name :class:`FlopMode` reports."""
+    base = op.rsplit(".", 1)[-1]
+    if "conv" in base and not any(word in base for word in _NOT_COSTLY):
+        return "convolution"
+    if "attention" in base:
+        return "attention"
+    return "matmul"
 
 
 def linear_flops(in_features: int, out_features: int, rows: int) -> int:

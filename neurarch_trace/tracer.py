@@ -37,9 +37,10 @@ from torch.overrides import TorchFunctionMode
 
 from neurarch_trace._version import __version__
 from neurarch_trace.errors import TraceError
-from neurarch_trace.flops import NODE_FORMULA_OPS, FlopMode, linear_flops, rnn_flops
+from neurarch_trace.flops import NODE_FORMULA_OPS, FlopMode, flop_kind, linear_flops, rnn_flops
 from neurarch_trace.graph import layout
 from neurarch_trace.mapping import container_spec, count_params, is_passthrough, is_whole_layer, layer_spec
+from neurarch_trace.rehearsal import rehearse_training_step
 
 __all__ = ["trace_model", "unwrap_model", "dtype_name"]
 
@@ -159,6 +160,7 @@ class _Tracer:
         self._prov: dict[int, tuple[weakref.ref, frozenset]] = {}
         self._sink: _Node | None = None
         self.functional_flops = 0
+        self.flops_by_kind: dict[str, int] = {}  # forward FLOPs by operation kind, whole model
         self.functional_uncounted: set[str] = set()
         self._names: set[str] = set()
         self._name_next: dict[str, int] = {}
@@ -480,6 +482,9 @@ class _Tracer:
     def on_flops(self, flops: int | None, op: str) -> None:
         if self.paused:
             return
+        if flops:
+            kind = flop_kind(op)
+            self.flops_by_kind[kind] = self.flops_by_kind.get(kind, 0) + flops
         sink = self._sink
         if flops is None:
             (sink.uncounted if sink is not None else self.functional_uncounted).add(op)
@@ -675,6 +680,7 @@ def trace_model(
     depth: int | None = None,
     description: str | None = None,
     progress: Callable[[int], None] | None = None,
+    training_step: bool = True,
 ) -> dict:
     """Run one forward pass of ``model`` on ``inputs`` and return the ``.neurarch.json`` graph.
 
@@ -689,6 +695,10 @@ def trace_model(
             is one node. ``None`` descends to the leaves.
         description: the top-level ``description`` (default: says what traced it and the inputs).
         progress: called with the number of layer calls recorded so far, from the hooks.
+        training_step: after the trace, rehearse one mixed-precision AdamW training step on the
+            meta device (:mod:`neurarch_trace.rehearsal`) and record what it needs in
+            ``measured.training`` and each layer's ``measured.savedBytes``; a step that cannot be
+            rehearsed leaves ``measured.training.error`` and the trace stands.
 
     Returns:
         The graph as a dict (see ``shared/spec/neurarch-graph.md`` and ``docs/measured.md``):
@@ -789,7 +799,15 @@ def trace_model(
         for module, flag in training.items():
             module.training = flag
 
-    return _build_graph(tracer, graph_name, output, named_inputs, description, input_count)
+    training = rehearse_training_step(model, args, kwargs, batch_size=tracer.batch_size) if training_step else None
+    layers = None
+    if depth is not None:  # the card describes the model whatever the depth: count the layers at full depth
+        full = trace_model(model, tuple(args) if args else dict(kwargs), kwargs=kwargs if args else None,
+                           training_step=False)
+        layers = sum(1 for c in full["components"] if c["type"] not in ("input", "output"))
+    graph = _build_graph(tracer, graph_name, output, named_inputs, description, input_count)
+    _attach_training(graph, tracer, training, layers)
+    return graph
 
 
 def _on_meta(model: nn.Module, args: tuple, kwargs: dict) -> bool:
@@ -981,6 +999,27 @@ def _build_graph(tracer: _Tracer, graph_name: str, output: Any, named_inputs: li
         "connections": connections,
         "measured": measured_top,
     }
+
+
+def _attach_training(graph: dict, tracer: _Tracer, training: dict | None, layers: int | None) -> None:
+    """Whole-model facts that no ``--depth`` changes: FLOPs by kind, the full-depth layer count, the
+    rehearsed training step; and each layer call's bytes saved for backward, matched by qualified
+    name and call order (``docs/measured.md``)."""
+    top = graph["measured"]
+    top["flopsByKind"] = dict(sorted(tracer.flops_by_kind.items()))
+    top["layers"] = layers if layers is not None else sum(
+        1 for c in graph["components"] if c["type"] not in ("input", "output"))
+    if training is None:
+        return
+    top["training"] = training["measured"]
+    saved, calls = training["savedBytes"], {}
+    for node, comp in zip(tracer.nodes, graph["components"]):
+        if node.type in ("input", "output", "add", "concatenate", "stack") or node.qualname not in saved:
+            continue
+        k = calls.get(node.qualname, 0)
+        calls[node.qualname] = k + 1
+        if k < len(saved[node.qualname]):
+            comp["measured"]["savedBytes"] = saved[node.qualname][k]
 
 
 def _positive(shape: list[int]) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from neurarch_trace.errors import GraphError
 from neurarch_trace.planner.analysis import Analysis, analyse
 from neurarch_trace.planner.card import render
-from neurarch_trace.planner.cost import BACKWARD_FACTOR, TrainingCost, training_cost, training_unit, utilisation
+from neurarch_trace.planner.cost import BACKWARD_FACTOR, TrainingCost, training_cost, training_unit
 from neurarch_trace.planner.diff import diff as diff_against
 from neurarch_trace.planner.fit import MAX_BATCH, Fit, fit as fit_gpu
 from neurarch_trace.planner.gpus import gpu_table
@@ -59,13 +59,21 @@ def _assumptions(a: Analysis, fit: Fit, attention: Optional[str]) -> str:
         f"{a.work.seq_len} tokens per sample" if a.work.kind == "tokens" and a.work.seq_len else None,
     ]
     head = ", ".join(p for p in parts if p)
+    tail = (f"and a {FRAMEWORK_ALLOWANCE_BYTES / 1e9:g} GB framework allowance; a card fits when the "
+            f"peak x {fit.headroom:g} is within its memory.")
+    if a.memory.source == "measured":
+        peak = a.memory.peak(fit.batch)
+        return (
+            f"{head}: measured by rehearsing the step (bf16 autocast with CUDA's op lists, fused "
+            f"attention{' replaced by eager score matrices' if attention == 'eager' else ''}, AdamW "
+            f"foreach), peak in the {peak.phase} phase: {peak.state_bytes / 1e9 - FRAMEWORK_ALLOWANCE_BYTES / 1e9:.3g} GB "
+            f"of state and {peak.per_sample_bytes / 1e6:.4g} MB per sample, " + tail
+        )
     return (
-        f"{head}: {_BYTES_PER_TRAINABLE} bytes per trainable parameter (16-bit weights "
+        f"{head}: estimated, {_BYTES_PER_TRAINABLE} bytes per trainable parameter (16-bit weights "
         f"{WEIGHT16_BYTES}, fp32 master weights {MASTER_WEIGHT_BYTES}, fp32 gradients {GRADIENT_BYTES}, "
         f"AdamW moments {ADAMW_BYTES}), every layer's output kept for backward at {ACTIVATION_BYTES} bytes "
-        f"per element" + (", eager attention scores" if attention == "eager" else "")
-        + f", and a {FRAMEWORK_ALLOWANCE_BYTES / 1e9:g} GB framework allowance; a card fits when the "
-        f"peak x {fit.headroom:g} is within its memory."
+        f"per element" + (", eager attention scores" if attention == "eager" else "") + ", " + tail
     )
 
 
@@ -156,7 +164,7 @@ def make_plan(
     b = analyse(base, what="base", seq_len=seq_len, attention=attention) if base is not None else None
     fit = fit_gpu(a.memory)
     unit = training_unit(a.work)
-    cost = training_cost(a.flops_per_sample, unit, fit.gpu, utilisation(a.counts.layers))
+    cost = training_cost(a.flops_per_sample, unit, fit.gpu, a.mfu)
     target = source.get("target") if isinstance(source, Mapping) else None
     table = gpu_table()
     plan: Dict[str, Any] = {
@@ -164,7 +172,7 @@ def make_plan(
         "model": {
             "name": a.graph.name,
             "target": target_label(target if isinstance(target, str) else None),
-            "layers": len(a.graph.layers),
+            "layers": a.layer_count,
             "params": a.counts.params,
             "trainableParams": a.counts.trainable,
             "frozenParams": a.counts.frozen,
@@ -185,12 +193,13 @@ def make_plan(
             "details": [issue.as_dict() for issue in a.blockers],
         },
         "fit": _fit(fit),
+        "memory": a.memory.as_plan(fit.batch),
         "cost": {
             "batch": fit.batch,
             "peakGb": fit.peak_bytes / 1e9,
             "activationGb": a.memory.activation_bytes(fit.batch) / 1e9,
-            "staticGb": a.memory.static_bytes / 1e9,
-            "perSampleGb": a.memory.per_sample_bytes / 1e9,
+            "staticGb": a.memory.static_bytes(fit.batch) / 1e9,
+            "perSampleGb": a.memory.per_sample_bytes(fit.batch) / 1e9,
             "breakdown": a.memory.breakdown(fit.batch),
             "seqLen": a.work.seq_len if a.work.kind == "tokens" else None,
             "attention": attention,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Union
 
-from neurarch_trace.planner.counts import Counts, count
+from neurarch_trace.planner.cost import utilisation
+from neurarch_trace.planner.counts import Counts, count, measured_int
 from neurarch_trace.planner.graph import Graph, read_graph
 from neurarch_trace.planner.lint import lint
 from neurarch_trace.planner.memory import MemoryModel, memory_model
@@ -28,10 +29,23 @@ class Analysis:
 
     @property
     def flops_per_sample(self) -> Union[int, float]:
-        """Forward FLOPs of one sample at the sized input (scaled for a resized token model)."""
+        """Forward FLOPs of one sample at the sized input (scaled for a resized token model: the
+        part the tracer measured as growing with the sequence length squared by its square)."""
         if self.work.scale == 1.0:
             return self.counts.flops
-        return self.counts.flops * self.work.scale
+        return self.counts.flops * self.work.flops_scale
+
+    @property
+    def mfu(self) -> float:
+        """The utilisation to price training at (:func:`~neurarch_trace.planner.cost.utilisation`)."""
+        return utilisation(self.counts.layers, self.graph.measured.get("flopsByKind"))
+
+    @property
+    def layer_count(self) -> int:
+        """Layers of the model: the tracer's full-depth count (``measured.layers``, the same at any
+        ``--depth``), else the graph's layer nodes."""
+        layers = measured_int(self.graph.measured, "layers")
+        return layers if layers is not None else len(self.graph.layers)
 
 
 def analyse(doc: Any, *, what: str = "model", seq_len: Optional[int] = None,

@@ -103,18 +103,25 @@ def _summary(model: Mapping[str, Any]) -> List[str]:
     return lines
 
 
-def _fit_rows(fit: Mapping[str, Any]) -> List[str]:
+def _source(memory: Optional[Mapping[str, Any]]) -> str:
+    """Where the peak comes from: a measured (rehearsed) training step or the layer-output formula."""
+    if memory and memory.get("source") == "measured":
+        return f"measured: rehearsed step, peak in the {memory.get('peakPhase')}"
+    return "estimated from layer outputs (no measured step)"
+
+
+def _fit_rows(fit: Mapping[str, Any], memory: Optional[Mapping[str, Any]] = None) -> List[str]:
     if fit["fits"]:
         value = (f"{fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']} {fit['precision']} "
                  f"({units.gb(fit['peakGb'] * 1e9)} peak)")
         if fit["borderline"]:
-            return _row("GPU fit", value, f"borderline: needs {units.gb(fit['needGb'] * 1e9)} with "
-                                          f"x{fit['headroom']:g} headroom")
-        return _row("GPU fit", value)
+            return _row("GPU fit", value, _source(memory), f"borderline: needs {units.gb(fit['needGb'] * 1e9)} "
+                                                            f"with x{fit['headroom']:g} headroom")
+        return _row("GPU fit", value, _source(memory))
     largest = fit["largestGpu"]
     return _row("GPU fit", f"nothing fits: needs {units.gb(fit['needGb'] * 1e9)} at batch 1",
                 f"(peak x{fit['headroom']:g}; the largest card, {largest['gpu']}, has "
-                f"{largest['memoryGb']:g} GB)")
+                f"{largest['memoryGb']:g} GB)", _source(memory))
 
 
 def _cost_rows(model: Mapping[str, Any], training: Optional[Mapping[str, Any]]) -> List[str]:
@@ -163,7 +170,7 @@ def render(plan: Mapping[str, Any]) -> str:
     run = plan["run"]
     lines += _row("Runs", "yes, shapes propagate end to end" if run["legal"] else
                   f"no, see Blockers ({len(run['blockers'])})")
-    lines += _fit_rows(plan["fit"])
+    lines += _fit_rows(plan["fit"], plan.get("memory"))
     lines += _cost_rows(model, plan["cost"]["training"])
     lines += _count_row("Blockers", run["blockers"])
     lines += _count_row("Warnings", plan["warnings"])

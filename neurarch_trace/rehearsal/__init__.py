@@ -1,0 +1,122 @@
+"""Rehearse one mixed-precision AdamW training step and measure the memory it needs.
+
+:func:`rehearse_training_step` runs a real training step of the model (forward in ``train()``
+mode, a loss on its primary output, backward, ``AdamW.step()``) on the meta device: every tensor
+has its true shape and dtype and no values, so nothing is computed and nothing is allocated. A
+dispatch mode (:mod:`.storage`) follows every storage the step allocates and frees; a torch
+function mode (:mod:`.policy`) makes the step behave as CUDA training does (autocast's CUDA op lists
+and weight-cast cache, fused attention kernels, bool dropout masks).
+
+Why this mechanism. ``saved_tensors_hooks`` alone see what autograd keeps, not the transients of
+the loss, the backward and the optimizer step, where the peak often falls. PyTorch's ``MemTracker``
+(``torch.distributed._tools.mem_tracker``) follows storages with the same weakref technique but
+needs ``torch.distributed``, reports per-module peaks rather than the curve a per-batch fit needs,
+and knows nothing of CUDA's autocast. Fake CUDA tensors (``FakeTensorMode`` with
+``device="cuda"``) would get the real autocast kernels but abort a CPU-only build. So: meta tensors,
+a storage-tracking dispatch mode of our own (weakref finalisers on untyped storages, which PyTorch
+keeps alive exactly as long as the storage), and autocast's policy applied above autograd.
+
+Everything is measured, nothing is assumed about the model: state bytes come from the storages of
+the meta parameters, their gradients, AdamW's moments and its temporaries; per-sample bytes from
+runs at two batch sizes (:mod:`.fit`). What a meta step cannot see: allocator rounding and
+fragmentation, cuDNN/cuBLAS workspaces, NCCL buffers, the CUDA context, kernels' internal scratch
+memory, and tensors whose size depends on values (none can be made on meta).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from neurarch_trace.rehearsal.attention import eager_extra_bytes
+from neurarch_trace.rehearsal.fit import combine
+from neurarch_trace.rehearsal.step import InputPlan, Rehearsal, RehearsalError, Run
+
+__all__ = ["rehearse_training_step", "STEP"]
+
+#: What the rehearsed step is, as the graph records it.
+STEP = ("train() forward under bf16 autocast (CUDA op lists), float32 loss on the primary output, "
+        "backward, AdamW(foreach) step")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0].strip()
+    if len(text) > 200:
+        text = text[:197] + "..."
+    return f"{type(exc).__name__}: {text}"
+
+
+def _attention(run: Run) -> dict[str, Any]:
+    extra: dict[tuple, int] = {}
+    total = 0
+    for call in run.attention.calls:
+        if call not in extra:
+            extra[call] = eager_extra_bytes(call)
+        total += extra[call]
+    return {"sdpaCalls": len(run.attention.calls), "kernels": run.attention.kernels(),
+            "eagerExtraBytesPerSample": round(total / run.batch, 3)}
+
+
+def _try(rehearsal: Rehearsal, batch: int, tokens: int | None, flops: bool) -> Run | None:
+    try:
+        return rehearsal.run(batch, tokens, count_flops=flops)
+    except Exception:  # noqa: BLE001 - a second run that cannot be made only loses precision
+        return None
+
+
+def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
+    tokens = plan.tokens
+    fit_tokens = tokens // 2 if tokens is not None and tokens >= 4 else None
+    rehearsal = Rehearsal(model, plan)
+    try:
+        first = rehearsal.run(plan.batch, tokens, count_flops=fit_tokens is not None)
+    except Exception as exc:  # noqa: BLE001 - e.g. BatchNorm refusing one sample in train()
+        if plan.batch > 1:
+            raise
+        try:
+            first = rehearsal.run(2, tokens, count_flops=fit_tokens is not None)
+        except Exception:  # noqa: BLE001 - report the first failure, the one at the traced batch
+            raise exc from None
+    second = _try(rehearsal, 2 * first.batch, tokens, False)
+    third = _try(rehearsal, first.batch, fit_tokens, True) if fit_tokens is not None else None
+    measured = combine(first, second, third)
+    measured["attention"] = _attention(first)
+    measured["loss"] = first.loss
+    scale = plan.batch / first.batch
+    saved = {qual: [int(round(b * scale)) for b in calls] for qual, calls in first.saved.items()}
+    return {"measured": measured, "savedBytes": saved}
+
+
+def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None = None, *,
+                           batch_size: int) -> dict[str, Any]:
+    """Rehearse one training step of ``model`` called as ``model(*args, **kwargs)`` (the traced
+    inputs; ``batch_size`` is their batch size) and return plain dicts:
+
+    * ``"measured"``: the ``measured.training`` object of ``docs/measured.md`` (bytes, at the traced
+      batch size where a field is not per sample), or ``{"error": "<one line>"}`` when the step
+      could not be rehearsed (an operation that needs values, which meta tensors do not have);
+    * ``"savedBytes"``: bytes saved for backward inside each module call, at ``batch_size``, by the
+      module's qualified name as the tracer names it (``""`` is the root), one entry per call.
+
+    The model is not modified (its parameters, buffers and training flags are as before) and
+    nothing is printed. Never raises for a model that fails: the failure is the ``error``.
+    """
+    flags = {m: m.training for m in model.modules()}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # frees in a fixed order, the same in every run
+    try:
+        model.train()
+        return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size))
+    except RehearsalError as exc:
+        return {"measured": {"error": str(exc)}, "savedBytes": {}}
+    except Exception as exc:  # noqa: BLE001 - the trace stands; the plan falls back to its formula
+        reason = f"the training step could not be rehearsed on the meta device ({_one_line(exc)})"
+        return {"measured": {"error": reason}, "savedBytes": {}}
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+        if gc_was_enabled:
+            gc.enable()
