@@ -174,6 +174,9 @@ def _trace_command(args: argparse.Namespace) -> int:
             progress=progress,
         )
     layers = sum(1 for c in graph["components"] if c["type"] not in ("input", "output"))
+    training = graph.get("measured", {}).get("training")
+    if isinstance(training, dict) and training.get("error"):  # the trace stands; the plan estimates memory
+        _say(f"training step not rehearsed, memory will be estimated from layer outputs: {training['error']}")
     from neurarch_trace.graph import dumps_graph, write_graph
 
     if to_stdout:

@@ -36,90 +36,115 @@ def _aligned(a: Run, b: Run | None) -> bool:
     return b is not None and len(a.points) == len(b.points) and a.phases == b.phases
 
 
-def _lines(r1: Run, r2: Run | None) -> tuple[list[list[float]], list[list[float]]]:
-    """Per point and kind: the batch-independent bytes and the bytes per sample."""
-    states: list[list[float]] = []
-    slopes: list[list[float]] = []
-    if _aligned(r1, r2):
-        assert r2 is not None
-        db = r2.batch - r1.batch
-        for p1, p2 in zip(r1.points, r2.points):
+class _Fit:
+    """The lines of the runs: per point (and, on demand, per point and kind) the batch-independent
+    bytes, the bytes per sample at ``L0``, and the part of those growing with ``L^2``."""
+
+    def __init__(self, r1: Run, r2: Run | None, r3: Run | None) -> None:
+        self.r1, self.r2, self.r3 = r1, r2, r3
+        self.linear = _aligned(r1, r2)
+        self.squares = (_aligned(r1, r3) and r1.tokens is not None and r3 is not None and r3.tokens is not None
+                        and r3.tokens != r1.tokens)
+        # totals per point (the per-kind split is made only for the points kept, by kinds())
+        totals1 = [sum(p) for p in r1.points]
+        if self.linear:
+            assert r2 is not None
+            db = r2.batch - r1.batch
+            self.slopes = [(sum(p2) - t1) / db for p2, t1 in zip(r2.points, totals1)]
+            self.states = [t1 - r1.batch * a for t1, a in zip(totals1, self.slopes)]
+        else:
+            self.states = [float(sum(p[k] for k in _STATE)) for p in r1.points]
+            self.slopes = [sum(p[k] for k in _SAMPLE) / r1.batch for p in r1.points]
+        self.sqs = [0.0] * len(totals1)
+        if self.squares:
+            assert r3 is not None and r1.tokens is not None and r3.tokens is not None
+            l0, l1 = float(r1.tokens), float(r3.tokens)
+            for i, p3 in enumerate(r3.points):
+                at_l1 = (sum(p3) - self.states[i]) / r3.batch
+                beta = (at_l1 / l1 - self.slopes[i] / l0) / (l1 - l0)
+                self.sqs[i] = min(max(beta * l0 * l0, 0.0), max(self.slopes[i], 0.0))
+
+    def kinds(self, i: int) -> tuple[list[float], list[float], list[float]]:
+        p1 = self.r1.points[i]
+        if self.linear:
+            assert self.r2 is not None
+            p2, db = self.r2.points[i], self.r2.batch - self.r1.batch
             slope = [(y - x) / db for x, y in zip(p1, p2)]
-            states.append([x - r1.batch * s for x, s in zip(p1, slope)])
-            slopes.append(slope)
-        return states, slopes
-    for p1 in r1.points:
-        states.append([float(p1[k]) if k in _STATE else 0.0 for k in range(len(KINDS))])
-        slopes.append([p1[k] / r1.batch if k in _SAMPLE else 0.0 for k in range(len(KINDS))])
-    return states, slopes
-
-
-def _squares(r1: Run, r3: Run | None, states: list, slopes: list) -> list[list[float]] | None:
-    """Per point and kind, the part of the per-sample bytes at ``L0`` that grows with ``L^2``."""
-    if not _aligned(r1, r3) or r1.tokens is None or r3 is None or r3.tokens is None or r3.tokens == r1.tokens:
-        return None
-    l0, l1 = float(r1.tokens), float(r3.tokens)
-    squares = []
-    for point, state, slope in zip(r3.points, states, slopes):
-        row = []
-        for k, at_l0 in enumerate(slope):
-            at_l1 = (point[k] - state[k]) / r3.batch
-            beta = (at_l1 / l1 - at_l0 / l0) / (l1 - l0)
-            row.append(min(max(beta * l0 * l0, 0.0), max(at_l0, 0.0)))
-        squares.append(row)
-    return squares
+            state = [x - self.r1.batch * a for x, a in zip(p1, slope)]
+        else:
+            state = [float(p1[k]) if k in _STATE else 0.0 for k in range(len(KINDS))]
+            slope = [p1[k] / self.r1.batch if k in _SAMPLE else 0.0 for k in range(len(KINDS))]
+        sq = [0.0] * len(KINDS)
+        if self.squares:
+            assert self.r3 is not None and self.r1.tokens is not None and self.r3.tokens is not None
+            l0, l1, p3 = float(self.r1.tokens), float(self.r3.tokens), self.r3.points[i]
+            for k, at_l0 in enumerate(slope):
+                at_l1 = (p3[k] - state[k]) / self.r3.batch
+                beta = (at_l1 / l1 - at_l0 / l0) / (l1 - l0)
+                sq[k] = min(max(beta * l0 * l0, 0.0), max(at_l0, 0.0))
+        return state, slope, sq
 
 
 def _front(totals: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
-    """The points not beaten at every batch by another: decreasing state, increasing slope."""
-    front: list[tuple[float, float, int]] = []
+    """The points that are the largest at some batch ``b >= 0`` of ``state + b x slope``: the upper
+    convex hull of ``(slope, state)``, from the largest state (batch 0) to the largest slope."""
+    pareto: list[tuple[float, float, int]] = []
     best = float("-inf")
     for state, slope, index in sorted(totals, key=lambda t: (-t[0], -t[1])):
         if slope > best:
-            front.append((state, slope, index))
+            pareto.append((state, slope, index))
             best = slope
-    return front
+    hull: list[tuple[float, float, int]] = []
+    for point in pareto:  # slopes increase, states decrease: keep the turns of the upper hull
+        while len(hull) >= 2:
+            (s1, a1, _), (s2, a2, _) = hull[-2], hull[-1]
+            # hull[-1] is never the largest when its neighbours cross before it overtakes hull[-2]:
+            # (s1 - s2) / (a2 - a1) >= (s2 - s3) / (a3 - a2)
+            if (s1 - s2) * (point[1] - a2) >= (s2 - point[0]) * (a2 - a1):
+                hull.pop()
+            else:
+                break
+        hull.append(point)
+    return hull
 
 
-def _chosen(states: list, slopes: list, squares: list | None, phases: list[str], batch: int) -> list[int]:
-    state_tot = [sum(row) for row in states]
-    slope_tot = [sum(row) for row in slopes]
-    sq_tot = [sum(row) for row in squares] if squares is not None else [0.0] * len(states)
+def _chosen(fit: _Fit, phases: list[str], batch: int) -> list[int]:
     chosen: dict[int, None] = {}
     batches = sorted(set(GRID_BATCHES) | {batch})
-    for ratio in GRID_RATIOS if squares is not None else (1.0,):
-        per = [(a - q) * ratio + q * ratio * ratio for a, q in zip(slope_tot, sq_tot)]
-        front = _front([(s, a, i) for i, (s, a) in enumerate(zip(state_tot, per))])
+    for ratio in GRID_RATIOS if fit.squares else (1.0,):
+        per = [(a - q) * ratio + q * ratio * ratio for a, q in zip(fit.slopes, fit.sqs)]
+        front = _front([(s, a, i) for i, (s, a) in enumerate(zip(fit.states, per))])
         for b in batches:
             chosen.setdefault(max(front, key=lambda t: t[0] + b * t[1])[2], None)
     for phase in dict.fromkeys(phases):  # each phase's own largest points
-        front = _front([(state_tot[i], slope_tot[i], i) for i, p in enumerate(phases) if p == phase])
+        front = _front([(fit.states[i], fit.slopes[i], i) for i, p in enumerate(phases) if p == phase])
         for b in batches:
             chosen.setdefault(max(front, key=lambda t: t[0] + b * t[1])[2], None)
     return sorted(chosen)
 
 
-def _entry(i: int, states: list, slopes: list, squares: list | None, phase: str) -> dict[str, Any]:
+def _entry(fit: _Fit, i: int, phase: str) -> dict[str, Any]:
+    states, slopes, squares = fit.kinds(i)
     state = {kind: 0.0 for kind in STATE_KINDS}
     per_sample: dict[str, float] = {}
     seq2: dict[str, float] = {}
     for k, kind in enumerate(KINDS):
         if kind in STATE_KINDS:
-            state[kind] += states[i][k]
-            if slopes[i][k]:
-                per_sample["activations"] = per_sample.get("activations", 0.0) + slopes[i][k]
+            state[kind] += states[k]
+            if slopes[k]:
+                per_sample["activations"] = per_sample.get("activations", 0.0) + slopes[k]
         else:
-            state["other"] += states[i][k]  # batch-independent bytes of a batch-sized kind
-            per_sample[kind] = per_sample.get(kind, 0.0) + slopes[i][k]
-        if squares is not None and squares[i][k]:
+            state["other"] += states[k]  # batch-independent bytes of a batch-sized kind
+            per_sample[kind] = per_sample.get(kind, 0.0) + slopes[k]
+        if squares[k]:
             target = kind if kind in SAMPLE_KINDS else "activations"
-            seq2[target] = seq2.get(target, 0.0) + squares[i][k]
+            seq2[target] = seq2.get(target, 0.0) + squares[k]
     entry: dict[str, Any] = {
         "phase": phase,
         "stateBytes": {k: int(round(v)) for k, v in state.items() if round(v)},
         "perSampleBytes": {k: round(v, 3) for k, v in per_sample.items() if round(v, 3)},
     }
-    if squares is not None:
+    if fit.squares:
         entry["seqSquaredBytes"] = {k: round(v, 3) for k, v in seq2.items() if round(v, 3)}
     return entry
 
@@ -137,22 +162,24 @@ def combine(r1: Run, r2: Run | None, r3: Run | None) -> dict[str, Any]:
     """The ``measured.training`` fields (``docs/measured.md``) from a run at the traced batch
     ``r1``, one at a larger batch ``r2`` and, for a token model, one at a shorter sequence ``r3``
     (each may be ``None`` where it could not run)."""
-    states, slopes = _lines(r1, r2)
-    squares = _squares(r1, r3, states, slopes)
-    chosen = _chosen(states, slopes, squares, r1.phases, r1.batch)
-    peaks = [_entry(i, states, slopes, squares, r1.phases[i]) for i in chosen]
-    totals = [sum(states[i]) + r1.batch * sum(slopes[i]) for i in range(len(states))]
-    top = max(range(len(totals)), key=totals.__getitem__)
-    head = _entry(top, states, slopes, squares, r1.phases[top])
-    linear = _aligned(r1, r2)
-    saved = ((r2.saved_total - r1.saved_total) / (r2.batch - r1.batch)) if linear and r2 else r1.saved_total / r1.batch
+    fit = _Fit(r1, r2, r3)
+    peaks = [_entry(fit, i, r1.phases[i]) for i in _chosen(fit, r1.phases, r1.batch)]
+    top = max(range(len(fit.states)), key=lambda i: fit.states[i] + r1.batch * fit.slopes[i])
+    head = _entry(fit, top, r1.phases[top])
+    if fit.linear and r2 is not None:
+        saved = (r2.saved_total - r1.saved_total) / (r2.batch - r1.batch)
+    else:
+        saved = r1.saved_total / r1.batch
+    tokens = None
+    if r1.tokens is not None:
+        tokens = [r1.tokens] + ([r3.tokens] if fit.squares and r3 is not None else [])
     out: dict[str, Any] = {
-        "batchSizes": [r1.batch] + ([r2.batch] if linear and r2 else []),
-        "tokens": [r1.tokens] + ([r3.tokens] if squares is not None and r3 else []) if r1.tokens else None,
+        "batchSizes": [r1.batch] + ([r2.batch] if fit.linear and r2 is not None else []),
+        "tokens": tokens,
         "peakPhase": head["phase"],
         "stateBytes": head["stateBytes"],
         "activationBytesPerSample": round(sum(head["perSampleBytes"].values()), 3),
-        "seqSquaredBytesPerSample": round(sum(head.get("seqSquaredBytes", {}).values()), 3) if squares else None,
+        "seqSquaredBytesPerSample": round(sum(head.get("seqSquaredBytes", {}).values()), 3) if fit.squares else None,
         "savedBytesPerSample": round(saved, 3),
         "peaks": peaks,
     }

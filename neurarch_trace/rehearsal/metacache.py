@@ -31,16 +31,22 @@ _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.la
 _MISS = object()
 
 
+_PLAIN_TYPES = frozenset(_PLAIN)
+
+
 def _key(value: Any, storages: list) -> Any:
     """A hashable description of an argument, or ``_MISS`` when it cannot be cached."""
-    if isinstance(value, torch.Tensor):
-        if value.device.type != "meta" or value.is_sparse or value.is_nested:
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        return value
+    if kind is torch.Tensor or isinstance(value, torch.Tensor):
+        if not value.is_meta or value.layout is not torch.strided or value.is_nested:
             return _MISS
         storages.append(id(value.untyped_storage()))
-        return ("T", tuple(value.shape), value.stride(), value.storage_offset(), value.dtype)
-    if isinstance(value, _PLAIN):
-        return value
-    if isinstance(value, (list, tuple)):
+        return ("T", value.shape, value.stride(), value.storage_offset(), value.dtype)
+    if kind is tuple or kind is list:
+        if all(type(item) is int for item in value):  # a shape, strides, dims
+            return tuple(value)
         out = []
         for item in value:
             k = _key(item, storages)
@@ -48,6 +54,8 @@ def _key(value: Any, storages: list) -> Any:
                 return _MISS
             out.append(k)
         return tuple(out)
+    if isinstance(value, _PLAIN):
+        return value
     return _MISS
 
 
@@ -110,9 +118,14 @@ class MetaCache:
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         storages: list[int] = []
-        key = _key((args, tuple(sorted(kwargs.items()))), storages)
+        key = _key(args, storages)
         if key is _MISS:
             return func(*args, **kwargs)
+        if kwargs:
+            named = _key(tuple(kwargs.values()), storages)
+            if named is _MISS:
+                return func(*args, **kwargs)
+            key = (key, tuple(kwargs), named)
         key = (func, key)
         entry = self._entries.get(key)
         if entry is not None and entry is not _MISS:

@@ -119,11 +119,12 @@ def _output_tensors(obj: Any, depth: int = 0) -> list[torch.Tensor]:
     return [t for value in values for t in _output_tensors(value, depth + 1)]
 
 
-def _loss(output: Any, tracker: StorageTracker) -> tuple[torch.Tensor, dict[str, Any]]:
+def _loss(output: Any, tracker: StorageTracker) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """The loss on the primary output (the first floating tensor output that requires grad), in
     float32 as transformers' losses compute it (``logits.float()``): cross-entropy over the class
     axis for 2-D ``(N, C)`` and 4-D+ ``(N, C, ...)`` outputs, over the last axis of 3-D
-    ``(N, L, V)`` token logits; mean squared error for 1-D or 0-D outputs."""
+    ``(N, L, V)`` token logits; mean squared error for 1-D or 0-D outputs. Returns the loss, the
+    target (part of the batch: the caller keeps it for the whole step) and what was computed."""
     candidates = [t for t in _output_tensors(output) if t.is_floating_point() and t.requires_grad]
     if not candidates:
         raise RehearsalError("no output of the model depends on a trainable parameter, so there is no backward")
@@ -143,7 +144,7 @@ def _loss(output: Any, tracker: StorageTracker) -> tuple[torch.Tensor, dict[str,
         tracker.register(target, "inputs")
         loss = nn.functional.mse_loss(logits, target)
         kind = "mean squared error"
-    return loss, {"kind": kind, "shape": [int(d) for d in out.shape]}
+    return loss, target, {"kind": kind, "shape": [int(d) for d in out.shape]}
 
 
 class _Layers:
@@ -272,7 +273,8 @@ class Rehearsal:
         self.params = {n: _meta_copy(p, p.requires_grad) for n, p in model.named_parameters()}
         self.buffers = {n: _meta_copy(b, False) for n, b in model.named_buffers()}
         self.trainable = [p for p in self.params.values() if p.requires_grad]
-        self.adamw = _ProxyAdamW(self.trainable)
+        self.stepped = list(self.trainable)  # the parameters AdamW steps: those that get a gradient
+        self.adamw = _ProxyAdamW(self.stepped)
         self.cache = MetaCache()
 
     def _register(self, tracker: StorageTracker, inputs: Any) -> None:
@@ -287,7 +289,17 @@ class Rehearsal:
 
     def run(self, batch: int, tokens: int | None, *, count_flops: bool = False) -> Run:
         """One step at ``batch`` samples of ``tokens`` tokens. Raises whatever the model raises on
-        the meta device, or :class:`RehearsalError`."""
+        the meta device, or :class:`RehearsalError`. AdamW keeps no state for a parameter that never
+        gets a gradient (one the loss does not depend on): when the step finds some, it is rehearsed
+        again with AdamW stepping only the others."""
+        run, stepped = self._run(batch, tokens, count_flops)
+        if len(stepped) != len(self.stepped):
+            self.stepped = stepped
+            self.adamw = _ProxyAdamW(stepped)
+            run, _ = self._run(batch, tokens, count_flops)
+        return run
+
+    def _run(self, batch: int, tokens: int | None, count_flops: bool) -> tuple[Run, list[torch.Tensor]]:
         args, kwargs = self.plan.make(batch, tokens)
         flops = [0]
 
@@ -309,20 +321,22 @@ class Rehearsal:
                     with torch.device("meta"), autocast:
                         output = torch.func.functional_call(self.model, {**self.params, **self.buffers}, args, kwargs)
                         tracker.start("loss")
-                        loss, loss_info = _loss(output, tracker)
+                        loss, target, loss_info = _loss(output, tracker)
                     autocast.clear_cache()
                 tracker.start("backward")
                 loss.backward()
-                for p in self.trainable:
-                    if p.grad is not None:
-                        tracker.set_kind(p.grad, "gradients")
+                stepped = [p for p in self.trainable if p.grad is not None]
+                for p in stepped:
+                    tracker.set_kind(p.grad, "gradients")
                 tracker.start("optimizer")
                 self.adamw.step()
                 tracker.close()
+                del output, loss, target
         finally:
             for handle in handles:
                 handle.remove()
             for p in self.trainable:
                 p.grad = None
-        return Run(batch=batch, tokens=tokens, points=tracker.curve(), phases=tracker.phase_of_points(),
-                   saved=layers.saved, saved_total=layers.total, flops=flops[0], attention=attention, loss=loss_info)
+        run = Run(batch=batch, tokens=tokens, points=tracker.curve(), phases=tracker.phase_of_points(),
+                  saved=layers.saved, saved_total=layers.total, flops=flops[0], attention=attention, loss=loss_info)
+        return run, stepped
