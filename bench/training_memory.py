@@ -252,7 +252,7 @@ def models() -> dict[str, tuple]:
         "gpt2": ("GPT-2 LM 512 tokens", lambda: tf.GPT2LMHeadModel(tf.GPT2Config()), _tokens(512, 50257), _per_token,
                  (1, 2, 4)),
         "llama": ("LLaMA-style 8L GQA 256 tokens", llama, _tokens(256, 32000), _per_token, (2, 4, 8)),
-        "convnext": ("ConvNeXt-T 224px", lambda: tf.ConvNextForImageClassification(tf.ConvNextConfig()),
+        "convnext": ("ConvNeXt-T 224px", lambda: tf.ConvNextForImageClassification(tf.ConvNextConfig(num_labels=1000)),
                      _images(224, 1000), _classify, (2, 4, 8)),
         "t5": ("T5-small 128+128 tokens", lambda: tf.T5ForConditionalGeneration(tf.T5Config()),
                _tokens(128, 32128, decoder=True), _per_token, (2, 4, 8)),

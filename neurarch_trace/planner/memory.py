@@ -225,7 +225,7 @@ def _bytes_map(value: Any, kinds: tuple[str, ...]) -> dict[str, float] | None:
     return out
 
 
-def _measured_phase(raw: Any, scale: float, eager: float) -> PhasePeak | None:
+def _measured_phase(raw: Any, scale: float, eager: tuple[float, float]) -> PhasePeak | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("phase"), str):
         return None
     state = _bytes_map(raw.get("stateBytes", {}), STATE_KINDS)
@@ -237,8 +237,11 @@ def _measured_phase(raw: Any, scale: float, eager: float) -> PhasePeak | None:
     for kind, n in per_sample.items():
         sq = min(squared.get(kind, 0.0), n)
         sized[kind] = (n - sq) * scale + sq * scale * scale
-    if eager and raw["phase"] in ("forward", "loss", "backward"):
-        sized["attentionScores"] = sized.get("attentionScores", 0.0) + eager * scale * scale
+    scores, fused = eager
+    if (scores or fused) and raw["phase"] in ("forward", "loss", "backward"):
+        # eager keeps the score matrices (queries x keys) instead of the fused kernel's output and
+        # log-sum-exp (queries): sized for the planned length, each by its own power
+        sized["attentionScores"] = scores * scale * scale - fused * scale
     state["framework"] = float(FRAMEWORK_ALLOWANCE_BYTES)
     return PhasePeak(raw["phase"], state, sized)
 
@@ -253,14 +256,16 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
     peaks = training.get("peaks")
     if not isinstance(peaks, list) or not 0 < len(peaks) <= _MAX_PEAKS:
         return None, "measured.training.peaks is missing or malformed"
-    eager = 0.0
+    eager = (0.0, 0.0)
     notes: list[str] = []
     if attention == "eager":
         att = training.get("attention")
-        raw = att.get("eagerExtraBytesPerSample") if isinstance(att, dict) else None
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) and raw >= 0:
-            eager = float(raw)
-        calls = att.get("sdpaCalls") if isinstance(att, dict) else None
+        att = att if isinstance(att, dict) else {}
+        parts = _bytes_map({k: att[k] for k in ("eagerScoreBytesPerSample", "fusedKeptBytesPerSample") if k in att},
+                           ("eagerScoreBytesPerSample", "fusedKeptBytesPerSample"))
+        if parts:
+            eager = (parts.get("eagerScoreBytesPerSample", 0.0), parts.get("fusedKeptBytesPerSample", 0.0))
+        calls = att.get("sdpaCalls")
         if not calls:
             notes.append("eager attention asked for, but the model calls no scaled_dot_product_attention: "
                          "attention it computes itself was measured as it runs")

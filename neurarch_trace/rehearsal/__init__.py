@@ -29,6 +29,7 @@ import gc
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from neurarch_trace.rehearsal.attention import eager_extra_bytes
@@ -50,14 +51,17 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _attention(run: Run) -> dict[str, Any]:
-    extra: dict[tuple, int] = {}
-    total = 0
+    known: dict[tuple, tuple[int, int]] = {}
+    eager = fused = 0
     for call in run.attention.calls:
-        if call not in extra:
-            extra[call] = eager_extra_bytes(call)
-        total += extra[call]
+        if call not in known:
+            known[call] = eager_extra_bytes(call)
+        eager += known[call][0]
+        fused += known[call][1]
     return {"sdpaCalls": len(run.attention.calls), "kernels": run.attention.kernels(),
-            "eagerExtraBytesPerSample": round(total / run.batch, 3)}
+            "eagerScoreBytesPerSample": round(eager / run.batch, 3),
+            "fusedKeptBytesPerSample": round(fused / run.batch, 3),
+            "eagerExtraBytesPerSample": round((eager - fused) / run.batch, 3)}
 
 
 def _try(rehearsal: Rehearsal, batch: int, tokens: int | None, flops: bool) -> Run | None:
@@ -68,24 +72,23 @@ def _try(rehearsal: Rehearsal, batch: int, tokens: int | None, flops: bool) -> R
 
 
 def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
+    """Runs at two batch sizes (and, for a token model, at half the length too), fitted. The
+    smaller batch is at least 2: PyTorch treats a dimension of size 1 as contiguous whatever its
+    stride, so a batch of 1 can skip a copy that every larger batch makes."""
     tokens = plan.tokens
     fit_tokens = tokens // 2 if tokens is not None and tokens >= 4 else None
     rehearsal = Rehearsal(model, plan)
-    try:
-        first = rehearsal.run(plan.batch, tokens, count_flops=fit_tokens is not None)
-    except Exception as exc:  # noqa: BLE001 - e.g. BatchNorm refusing one sample in train()
-        if plan.batch > 1:
-            raise
-        try:
-            first = rehearsal.run(2, tokens, count_flops=fit_tokens is not None)
-        except Exception:  # noqa: BLE001 - report the first failure, the one at the traced batch
-            raise exc from None
-    second = _try(rehearsal, 2 * first.batch, tokens, False)
-    third = _try(rehearsal, first.batch, fit_tokens, True) if fit_tokens is not None else None
-    measured = combine(first, second, third)
+    small = max(plan.batch, 2)
+    first = rehearsal.run(small, tokens, count_flops=fit_tokens is not None)
+    second = _try(rehearsal, 2 * small, tokens, False)
+    third = fourth = None
+    if fit_tokens is not None:
+        third = _try(rehearsal, small, fit_tokens, True)
+        fourth = _try(rehearsal, 2 * small, fit_tokens, False) if third is not None else None
+    measured = combine(first, second, third, fourth, batch=plan.batch)
     measured["attention"] = _attention(first)
     measured["loss"] = first.loss
-    scale = plan.batch / first.batch
+    scale = plan.batch / small  # per-layer bytes at the traced batch size
     saved = {qual: [int(round(b * scale)) for b in calls] for qual, calls in first.saved.items()}
     return {"measured": measured, "savedBytes": saved}
 
@@ -98,8 +101,9 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
     * ``"measured"``: the ``measured.training`` object of ``docs/measured.md`` (bytes, at the traced
       batch size where a field is not per sample), or ``{"error": "<one line>"}`` when the step
       could not be rehearsed (an operation that needs values, which meta tensors do not have);
-    * ``"savedBytes"``: bytes saved for backward inside each module call, at ``batch_size``, by the
-      module's qualified name as the tracer names it (``""`` is the root), one entry per call.
+    * ``"savedBytes"``: bytes saved for backward inside each module call, at ``batch_size`` (from
+      the run at ``max(batch_size, 2)``, scaled), by the module's qualified name as the tracer names
+      it (``""`` is the root), one entry per call.
 
     The model is not modified (its parameters, buffers and training flags are as before) and
     nothing is printed. Never raises for a model that fails: the failure is the ``error``.
@@ -109,7 +113,8 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
     gc.disable()  # frees in a fixed order, the same in every run
     try:
         model.train()
-        return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size))
+        with torch.random.fork_rng(devices=[]):  # the user's random stream is left where it was
+            return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size))
     except RehearsalError as exc:
         return {"measured": {"error": str(exc)}, "savedBytes": {}}
     except Exception as exc:  # noqa: BLE001 - the trace stands; the plan falls back to its formula

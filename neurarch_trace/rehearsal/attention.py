@@ -87,13 +87,16 @@ class FusedAttention:
 
 
 def _saved_bytes(fn: Any, inputs: list[torch.Tensor]) -> int:
-    """Bytes of the distinct storages ``fn(*inputs)`` saves for backward, its inputs' excluded."""
+    """Bytes of the distinct storages ``fn(*inputs)`` saves for backward, its inputs' excluded, and
+    integer tensors too: the fused kernels' random-number seed and offset, which CUDA keeps on the
+    host (bool dropout masks are counted)."""
     known = {id(t.untyped_storage()) for t in inputs}
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        if id(storage) not in known and t.device.type == "meta":
+        integer = not t.is_floating_point() and t.dtype != torch.bool
+        if id(storage) not in known and t.device.type == "meta" and not integer:
             saved[id(storage)] = storage.nbytes()
         return t
 
@@ -115,12 +118,14 @@ def _eager(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: An
     return torch.matmul(probs, value)
 
 
-def eager_extra_bytes(call: tuple) -> int:
-    """Bytes eager attention saves for backward beyond the fused kernel, for one recorded call
-    (at the call's own batch size); 0 for a call that already ran the math path."""
+def eager_extra_bytes(call: tuple) -> tuple[int, int]:
+    """``(eager, fused)``: the bytes eager attention saves for backward (the score matrices: they
+    grow with queries x keys) and those the fused kernel saves instead (its output and log-sum-exp:
+    they grow with the queries), for one recorded call at its own batch size; ``(0, 0)`` for a call
+    that already ran the math path."""
     q_shape, k_shape, v_shape, dtype, mask_shape, mask_dtype, dropout_p, kernel = call
     if kernel == "math":
-        return 0
+        return 0, 0
     fused = FusedAttention()
     with torch.device("meta"):
         q = torch.empty(q_shape, dtype=dtype, requires_grad=True)
@@ -138,4 +143,4 @@ def eager_extra_bytes(call: tuple) -> int:
     inputs = [q, k_full, v_full] + ([bias] if bias is not None else [])
     fused_bytes = _saved_bytes(lambda a, b, c, *m: fused(a, b, c, m[0] if m else None, dropout_p), inputs)
     eager_bytes = _saved_bytes(lambda a, b, c, *m: _eager(a, b, c, m[0] if m else None, dropout_p), inputs)
-    return max(0, eager_bytes - fused_bytes)
+    return eager_bytes, fused_bytes

@@ -3,9 +3,11 @@
 Every allocation of a run is a point of the step's memory curve (live bytes per kind). Runs at two
 batch sizes ``b1 < b2`` allocate the same storages in the same order, only larger, so each point is
 a line in the batch: ``live(b) = state + b x per_sample``, solved per point and per kind. For a
-token model a third run at a shorter sequence (``L1 = L0 / 2``) splits each point's per-sample
-bytes into a part linear in the sequence length and a part that grows with its square (score
-matrices, masks): ``per_sample(L) = lin x L / L0 + sq x (L / L0)^2``.
+token model two more runs at a shorter sequence (``L1 = L0 / 2``, both batch sizes) give each
+point's per-sample bytes at ``L1`` too, which splits them into a part linear in the sequence length
+and a part that grows with its square (score matrices, masks):
+``per_sample(L) = lin x L / L0 + sq x (L / L0)^2``. The batch-independent bytes are taken at ``L0``
+(what grows with the length there, position tables, is small).
 
 The peak at a batch ``B`` and length ``L`` is the largest point; :func:`combine` keeps the points
 that are largest somewhere on a grid of batches (1 to 4096) and lengths (L0/8 to 32 x L0), and, for
@@ -40,11 +42,14 @@ class _Fit:
     """The lines of the runs: per point (and, on demand, per point and kind) the batch-independent
     bytes, the bytes per sample at ``L0``, and the part of those growing with ``L^2``."""
 
-    def __init__(self, r1: Run, r2: Run | None, r3: Run | None) -> None:
+    def __init__(self, r1: Run, r2: Run | None, r3: Run | None, r4: Run | None = None) -> None:
         self.r1, self.r2, self.r3 = r1, r2, r3
         self.linear = _aligned(r1, r2)
         self.squares = (_aligned(r1, r3) and r1.tokens is not None and r3 is not None and r3.tokens is not None
                         and r3.tokens != r1.tokens)
+        # with a fourth run (the larger batch at the shorter length) the per-sample bytes at L1 are a
+        # slope too, free of what the step makes once whatever the batch (position tables)
+        self.r4 = r4 if self.squares and self.linear and _aligned(r3, r4) and r4 is not None else None
         # totals per point (the per-kind split is made only for the points kept, by kinds())
         totals1 = [sum(p) for p in r1.points]
         if self.linear:
@@ -60,7 +65,10 @@ class _Fit:
             assert r3 is not None and r1.tokens is not None and r3.tokens is not None
             l0, l1 = float(r1.tokens), float(r3.tokens)
             for i, p3 in enumerate(r3.points):
-                at_l1 = (sum(p3) - self.states[i]) / r3.batch
+                if self.r4 is not None:
+                    at_l1 = (sum(self.r4.points[i]) - sum(p3)) / (self.r4.batch - r3.batch)
+                else:
+                    at_l1 = (sum(p3) - self.states[i]) / r3.batch
                 beta = (at_l1 / l1 - self.slopes[i] / l0) / (l1 - l0)
                 self.sqs[i] = min(max(beta * l0 * l0, 0.0), max(self.slopes[i], 0.0))
 
@@ -78,8 +86,12 @@ class _Fit:
         if self.squares:
             assert self.r3 is not None and self.r1.tokens is not None and self.r3.tokens is not None
             l0, l1, p3 = float(self.r1.tokens), float(self.r3.tokens), self.r3.points[i]
+            p4 = self.r4.points[i] if self.r4 is not None else None
             for k, at_l0 in enumerate(slope):
-                at_l1 = (p3[k] - state[k]) / self.r3.batch
+                if p4 is not None and self.r4 is not None:
+                    at_l1 = (p4[k] - p3[k]) / (self.r4.batch - self.r3.batch)
+                else:
+                    at_l1 = (p3[k] - state[k]) / self.r3.batch
                 beta = (at_l1 / l1 - at_l0 / l0) / (l1 - l0)
                 sq[k] = min(max(beta * l0 * l0, 0.0), max(at_l0, 0.0))
         return state, slope, sq
@@ -158,13 +170,16 @@ def _flops_seq_squared(r1: Run, r3: Run | None) -> float | None:
     return round(min(max(beta * l0 * l0 / r1.flops, 0.0), 1.0), 6)
 
 
-def combine(r1: Run, r2: Run | None, r3: Run | None) -> dict[str, Any]:
+def combine(r1: Run, r2: Run | None, r3: Run | None, r4: Run | None = None, *,
+            batch: int | None = None) -> dict[str, Any]:
     """The ``measured.training`` fields (``docs/measured.md``) from a run at the traced batch
-    ``r1``, one at a larger batch ``r2`` and, for a token model, one at a shorter sequence ``r3``
-    (each may be ``None`` where it could not run)."""
-    fit = _Fit(r1, r2, r3)
-    peaks = [_entry(fit, i, r1.phases[i]) for i in _chosen(fit, r1.phases, r1.batch)]
-    top = max(range(len(fit.states)), key=lambda i: fit.states[i] + r1.batch * fit.slopes[i])
+    ``r1``, one at a larger batch ``r2`` and, for a token model, runs at a shorter sequence at both
+    batches, ``r3`` and ``r4`` (each may be ``None`` where it could not run). The headline fields
+    (``peakPhase``, ``stateBytes``, ...) are at ``batch`` (default: ``r1``'s)."""
+    fit = _Fit(r1, r2, r3, r4)
+    batch = batch or r1.batch
+    peaks = [_entry(fit, i, r1.phases[i]) for i in _chosen(fit, r1.phases, batch)]
+    top = max(range(len(fit.states)), key=lambda i: fit.states[i] + batch * fit.slopes[i])
     head = _entry(fit, top, r1.phases[top])
     if fit.linear and r2 is not None:
         saved = (r2.saved_total - r1.saved_total) / (r2.batch - r1.batch)

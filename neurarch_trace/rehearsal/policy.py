@@ -59,7 +59,8 @@ LOWER_PRECISION = frozenset({
 #: (``cross_entropy_loss``: ``log_softmax`` and ``nll_loss``, both fp32 under autocast).
 FP32 = frozenset({
     "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
-    "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "native_layer_norm", "group_norm",
+    "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "native_layer_norm", "rms_norm",
+    "group_norm",
     "frobenius_norm", "nuclear_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss",
     "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
     "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
@@ -69,9 +70,10 @@ FP32 = frozenset({
     "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
     "cross_entropy", "cross_entropy_loss",  # composites of fp32 ops
 })
-#: ``AT_FORALL_FP32_SET_OPT_DTYPE`` and ``norm`` (``fp32_append_dtype``: the same effect).
+#: ``AT_FORALL_FP32_SET_OPT_DTYPE``, and ``norm`` (``fp32_append_dtype``: a float32 result, the same).
 FP32_SET_OPT_DTYPE = frozenset({
     "prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm", "linalg_matrix_norm", "sum",
+    "norm",
 })
 #: ``AT_FORALL_PROMOTE``.
 PROMOTE = frozenset({
@@ -88,7 +90,16 @@ _POLICY: dict[str, int] = {
 }
 _NAMES = {_LOWER: "lower precision", _FP32: "fp32", _SET_DTYPE: "fp32 (dtype)", _PROMOTE: "promote"}
 _PYTHON_FUNCTION = (types.FunctionType, types.MethodType)
+#: Python modules whose functions are composites of other torch calls worth seeing one by one
+#: (``F.multi_head_attention_forward``, ``F.interpolate``, ``F.normalize``). ``Tensor``'s own Python
+#: methods are thin wrappers and are called as they are.
+_LOOK_INSIDE = frozenset({"torch.nn.functional", "torch.functional"})
 _DROPOUTS = (F.dropout, torch.dropout)
+
+
+#: ``torch.overrides.redispatch_function`` (PyTorch 2.13+); without it Python composites run as
+#: one call under the mode, their inner calls unseen.
+_REDISPATCH = getattr(torch.overrides, "redispatch_function", None)
 
 
 def policy_of(name: str) -> str | None:
@@ -117,6 +128,7 @@ class CudaAutocast(TorchFunctionMode):
         self._on_weight_cast = on_weight_cast
         self._dtype = dtype
         self._cache: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        self._inside: set[int] = set()
 
     def clear_cache(self) -> None:
         """Drop the cached weight casts, as leaving the outermost autocast region does."""
@@ -134,9 +146,14 @@ class CudaAutocast(TorchFunctionMode):
             routed = _cuda_dropout(func, args, kwargs)
             if routed is not None:
                 return routed
-        if policy is None and isinstance(func, _PYTHON_FUNCTION):
-            with self:  # look inside Python functions (F.multi_head_attention_forward, F.interpolate)
-                return torch.overrides.redispatch_function(func, types_, args, kwargs)
+        if (policy is None and isinstance(func, _PYTHON_FUNCTION) and id(func) not in self._inside
+                and getattr(func, "__module__", None) in _LOOK_INSIDE and _REDISPATCH is not None):
+            self._inside.add(id(func))  # a function that reaches its own handler again is run as it is
+            try:
+                with self:
+                    return _REDISPATCH(func, types_, args, kwargs)
+            finally:
+                self._inside.discard(id(func))
         return func(*args, **kwargs)
 
     # --- the policies ---------------------------------------------------------------------------
