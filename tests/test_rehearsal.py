@@ -14,6 +14,7 @@ import json
 
 import pytest
 import torch
+from helpers import ROOT, load_example, run_cli
 from torch import nn
 
 from neurarch_trace import trace_model
@@ -22,7 +23,6 @@ from neurarch_trace.planner.analysis import analyse
 from neurarch_trace.planner.memory import FRAMEWORK_ALLOWANCE_BYTES
 from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.rehearsal.policy import FP32, FP32_SET_OPT_DTYPE, LOWER_PRECISION, PROMOTE
-from helpers import ROOT, load_example, run_cli
 
 transformers = pytest.importorskip("transformers")
 
@@ -73,14 +73,16 @@ def test_autocast_dtypes_and_storages_as_cuda_keeps_them() -> None:
     storage; max pooling keeps int64 indices; BatchNorm keeps float32 statistics."""
     torch.manual_seed(0)
     block = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Softmax(dim=-1))
-    saved = {c["name"]: c["measured"].get("savedBytes") for c in trace_model(block, torch.randn(4, 16))["components"]}
+    graph = trace_model(block, torch.randn(4, 16))
+    saved = {c["name"]: c["measured"].get("savedBytes") for c in graph["components"]}
     # Linear: x as bf16, 4*16*2; LayerNorm: its bf16 input cast to float32, 4*16*4, and mean and
     # rstd, 2*4*4; softmax: its float32 output, 4*16*4
     assert (saved["0"], saved["1"], saved["2"]) == (128, 256 + 32, 256)
 
     conv = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
                          nn.MaxPool2d(2))
-    saved = {c["name"]: c["measured"].get("savedBytes") for c in trace_model(conv, torch.randn(2, 3, 8, 8))["components"]}
+    graph = trace_model(conv, torch.randn(2, 3, 8, 8))
+    saved = {c["name"]: c["measured"].get("savedBytes") for c in graph["components"]}
     # conv: its input as bf16, 2*3*8*8*2; BatchNorm: the conv's bf16 output, 2*8*8*8*2, and float32
     # mean and invstd, 2*8*4; in-place ReLU: the same storage, saved once more as its output: 2,048;
     # max pooling: its input is the ReLU's (counted there), its int64 indices 2*8*4*4*8

@@ -39,6 +39,7 @@ _INDEX = {kind: i for i, kind in enumerate(KINDS)}
 #: The kind of a storage first seen in each phase of the step.
 _PHASE_KIND = {"setup": "other", "forward": "activations", "loss": "loss", "backward": "backward",
                "optimizer": "optimizerTemporaries"}
+_ADD = torch.ops.aten.add.Tensor
 
 
 class _Record:
@@ -74,6 +75,7 @@ class StorageTracker(TorchDispatchMode):
         self._override: int | None = None
         self._on_op = on_op
         self._closed = False
+        self._pending: tuple[_Record, _Record, int, int] | None = None
 
     # --- phases and kinds ---------------------------------------------------------------------
     def start(self, phase: str) -> None:
@@ -123,9 +125,27 @@ class StorageTracker(TorchDispatchMode):
                     for inner in item:
                         if isinstance(inner, torch.Tensor):
                             self._see(inner, None)
+        if func is _ADD and self.phase == "backward" and not kwargs and type(out) is torch.Tensor:
+            self._maybe_accumulation(args, out)
         if self._on_op is not None:
             self._on_op(func, args, kwargs, out)
         return out
+
+    def _maybe_accumulation(self, args: tuple, out: torch.Tensor) -> None:
+        """The autograd engine sums two gradients for one tensor in place when it holds the only
+        reference to the first (``InputBuffer::accumulate``, ``can_accumulate_inplace``), but never
+        while a dispatch mode is active (``isTensorSubclassLike`` is then true for every tensor), so
+        here the sum is a new tensor. When the first gradient dies right after the sum, it was that
+        only reference: the sum's storage is booked as the first's, as the engine would have reused
+        it. (A sum that some formula makes in the backward keeps its operand alive, or frees it later.)"""
+        old = args[0] if args else None
+        if (type(old) is not torch.Tensor or old.shape != out.shape or old.dtype != out.dtype
+                or old.stride() != out.stride() or old.storage_offset() != 0 or not old.is_contiguous()):
+            return
+        old_record, new_record = self._lookup(old), self._lookup(out)
+        if old_record is None or new_record is None or old_record.nbytes != new_record.nbytes:
+            return
+        self._pending = (new_record, old_record, len(self.events), id(out.untyped_storage()))
 
     # --- storages -----------------------------------------------------------------------------
     def _lookup(self, t: torch.Tensor) -> _Record | None:
@@ -161,11 +181,19 @@ class StorageTracker(TorchDispatchMode):
         record = _Record(nbytes, kind)
         live, events = self._live, self.events
 
-        def _free(_: weakref.ref, key: int = key, record: _Record = record) -> None:
-            if live.get(key) is record:
-                del live[key]
-                if not self._closed:
-                    events.append((record, -1))
+        def _free(_: weakref.ref, key: int = key) -> None:
+            freed = live.pop(key, None)
+            if freed is None or self._closed:
+                return
+            pending = self._pending
+            if pending is not None and pending[1] is freed and len(events) == pending[2]:
+                # an accumulation the engine would have made in place (_maybe_accumulation)
+                events.pop()
+                live[pending[3]] = freed
+                freed.ref = pending[0].ref  # the sum's weakref reports the sum's free, as the old one's
+                self._pending = None
+                return
+            events.append((freed, -1))
 
         record.ref = weakref.ref(storage, _free)
         live[key] = record
