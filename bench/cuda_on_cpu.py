@@ -148,7 +148,12 @@ class CudaOnCpu:
 
     # --- the context ------------------------------------------------------------------------------
     def __enter__(self) -> CudaOnCpu:
-        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+        with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
+            warnings.simplefilter("ignore")
+            self._register()
+        return self
+
+    def _register(self) -> None:
         self._lib = torch.library.Library("aten", "IMPL")
         cpu_only = _ops_with_kernel("AutocastCPU")
         for qualified, policy in POLICY.items():
@@ -165,7 +170,6 @@ class CudaOnCpu:
             self._lib.impl(qualified, self._kernel(op, "none"), "AutocastCPU")
         self._lib.impl("dropout", _dropout, "CompositeImplicitAutograd")
         self._lib.impl("scaled_dot_product_attention", _fused_attention, "CompositeImplicitAutograd")
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         self._cache.clear()

@@ -291,6 +291,12 @@ def predict(graph: dict) -> Any:
     return analyse(graph).memory
 
 
+def predict_formula(graph: dict) -> Any:
+    """The memory model the plan falls back to without a measured step (the layer-output formula)."""
+    doc = {**graph, "measured": {k: v for k, v in graph["measured"].items() if k != "training"}}
+    return analyse(doc).memory
+
+
 def _predicted_phase(memory: Any, phase: str, batch: int) -> float:
     """The planner's peak for ``phase`` at ``batch`` (its largest line of that phase), less the
     framework allowance; the overall peak when no line has that phase (an estimated model)."""
@@ -307,6 +313,7 @@ def run_model(key: str, spec: tuple) -> dict[str, Any]:
     graph = trace_model(model, inputs)  # outside the emulation: the product runs as a user runs it
     trace_s = time.perf_counter() - start
     memory = predict(graph)
+    formula = predict_formula(graph)
     with CudaOnCpu() as emulation:
         if emulation.uncovered:
             print(f"note: CUDA autocast ops this harness has no policy for: {emulation.uncovered}")
@@ -329,6 +336,7 @@ def run_model(key: str, spec: tuple) -> dict[str, Any]:
         rows.append({"batch": b, "measured_peak": real, "measured_phase": max(tensors[b], key=tensors[b].get),
                      "measured_peak_with_workspaces": max(p["all"] for p in measured[b].values()),
                      "predicted_peak": pred, "predicted_phase": memory.peak(b).phase, "ratio": pred / real,
+                     "formula_peak": formula.peak_bytes(b) - FRAMEWORK_ALLOWANCE_BYTES,
                      "phases": measured[b],
                      "predicted_phases": {p: _predicted_phase(memory, p, b) for p in measured[b]}})
     return {"key": key, "model": label, "source": memory.source, "trace_s": trace_s, "phase": phase,
@@ -351,11 +359,60 @@ def _print(result: dict[str, Any]) -> None:
               flush=True)
 
 
+def add_formula(path: Path) -> None:
+    """Trace each model of a results file again and add the formula's peak to its rows."""
+    data = json.loads(path.read_text())
+    zoo = models()
+    for result in data["results"]:
+        if "error" in result:
+            continue
+        _, factory, make_batch, _, _ = zoo[result["key"]]
+        torch.manual_seed(0)
+        formula = predict_formula(trace_model(factory(), make_batch(1)[0]))
+        for row in result["rows"]:
+            row["formula_peak"] = formula.peak_bytes(row["batch"]) - FRAMEWORK_ALLOWANCE_BYTES
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """README's validation table (markdown) from the results."""
+    lines = ["| model | batch | peak: predicted / measured | phase | per sample, predicted / measured | "
+             "state, predicted / measured | largest gap | formula / measured |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | | not measured: {r['error'].splitlines()[0][:80]} | | | |")
+            continue
+        fits = r["fits"]
+        for i, row in enumerate(r["rows"]):
+            phase = list(fits)[i] if i < len(fits) else ""
+            fit = fits.get(phase)
+            per = (f"{phase}: {fit['predicted_per_sample'] / 1e6:.2f} / {fit['measured_per_sample'] / 1e6:.2f} MB "
+                   f"({fit['predicted_per_sample'] / fit['measured_per_sample']:.3f}x)") if fit else ""
+            state = (f"{fit['predicted_state'] / 1e6:.1f} / {fit['measured_state'] / 1e6:.1f} MB "
+                     f"({fit['predicted_state'] / fit['measured_state']:.3f}x)") if fit else ""
+            gap = max(abs(row["predicted_phases"][k] - v["tensors"]) for k, v in row["phases"].items())
+            formula = f"{row['formula_peak'] / row['measured_peak']:.2f}x" if "formula_peak" in row else ""
+            lines.append(f"| {r['model'] if i == 0 else ''} | {row['batch']} | {row['predicted_peak'] / 1e9:.3f} / "
+                         f"{row['measured_peak'] / 1e9:.3f} GB ({row['ratio']:.3f}x) | {row['measured_phase']} | "
+                         f"{per} | {state} | {gap / 1e3:.1f} KB | {formula} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(DEFAULT), help="comma-separated keys: " + ",".join(models()))
     parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--formula", default=None, metavar="JSON",
+                        help="add the formula's predictions to a results file (trace only, no steps) and exit")
+    parser.add_argument("--table", default=None, metavar="JSON",
+                        help="print README's table from a results file and exit")
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())["results"]))
+        return
+    if args.formula:
+        add_formula(Path(args.formula))
+        return
     zoo = models()
     results = []
     for key in args.models.split(","):

@@ -161,6 +161,7 @@ class _Tracer:
         self._sink: _Node | None = None
         self.functional_flops = 0
         self.flops_by_kind: dict[str, int] = {}  # forward FLOPs by operation kind, whole model
+        self.scalars: list = []  # tensor values the forward read into Python, in order
         self.functional_uncounted: set[str] = set()
         self._names: set[str] = set()
         self._name_next: dict[str, int] = {}
@@ -773,7 +774,7 @@ def trace_model(
             handles.append(module.register_forward_hook(post, with_kwargs=True))
         model.eval()
         tracer.flow_mode = _FlowMode(tracer)
-        with torch.enable_grad(), FlopMode(tracer.on_flops), tracer.flow_mode:
+        with torch.enable_grad(), FlopMode(tracer.on_flops, tracer.scalars), tracer.flow_mode:
             try:
                 output = model(*args, **kwargs)
             finally:
@@ -799,7 +800,8 @@ def trace_model(
         for module, flag in training.items():
             module.training = flag
 
-    training = rehearse_training_step(model, args, kwargs, batch_size=tracer.batch_size) if training_step else None
+    training = (rehearse_training_step(model, args, kwargs, batch_size=tracer.batch_size, scalars=tracer.scalars)
+                if training_step else None)
     layers = None
     if depth is not None:  # the card describes the model whatever the depth: count the layers at full depth
         full = trace_model(model, tuple(args) if args else dict(kwargs), kwargs=kwargs if args else None,

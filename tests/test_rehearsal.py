@@ -127,24 +127,46 @@ def test_a_step_that_cannot_be_rehearsed_still_traces_and_says_why(tmp_path, cap
     (tmp_path / "model.py").write_text(
         "import torch\n"
         "from torch import nn\n\n\n"
-        "class Gate(nn.Module):\n"
+        "class Select(nn.Module):\n"
         "    def __init__(self):\n"
         "        super().__init__()\n"
         "        self.fc = nn.Linear(8, 8)\n\n"
         "    def forward(self, x):\n"
         "        y = self.fc(x)\n"
-        "        return y * 2 if y.sum() > 0 else y  # a branch on a value: no meta tensor has one\n"
+        "        return y[y > 0].sum()  # a shape that depends on the values: no meta tensor has one\n"
     )
-    code, _, err = run_cli(["model.py:Gate", "--input", "2,8", "-o", "gate.neurarch.json"], tmp_path, capfd)
+    code, _, err = run_cli(["model.py:Select", "--input", "2,8", "-o", "gate.neurarch.json"], tmp_path, capfd)
     assert code == 0
     lines = err.strip().splitlines()
     assert len(lines) == 2 and lines[1].startswith("wrote gate.neurarch.json")
     assert lines[0].startswith("neurarch-trace: training step not rehearsed, memory will be estimated from "
-                               "layer outputs: the training step could not be rehearsed on the meta device")
+                               "layer outputs: the training step could not be rehearsed on the meta device "
+                               "(NotImplementedError: The register_meta function for torch.nonzero()")
     graph = json.loads((tmp_path / "gate.neurarch.json").read_text())
     plan = make_plan(graph)["plan"]
     assert plan["memory"]["source"] == "estimated"
     assert plan["memory"]["reason"].startswith("the training step was not rehearsed: ")
+
+
+def test_a_branch_on_a_value_replays_the_traced_value() -> None:
+    """Meta tensors have no values: a forward that reads one (``if y.sum() > 0``, transformers'
+    check for packed sequences) gets the value the traced forward read at the same place."""
+
+    class Gate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            return y * 2 if y.sum() > 0 else y
+
+    torch.manual_seed(0)
+    training = trace_model(Gate(), torch.randn(2, 8))["measured"]["training"]
+    assert "error" not in training and training["batchSizes"] == [2, 4]
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=500, use_cache=False)
+    graph = trace_model(transformers.GPT2Model(cfg), torch.randint(0, 500, (1, 32)))
+    assert "error" not in graph["measured"]["training"]
 
 
 # --- the plan uses the measurement ---------------------------------------------------------------

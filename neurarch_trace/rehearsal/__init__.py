@@ -66,7 +66,7 @@ def _attention(run: Run) -> dict[str, Any]:
 
 def _try(rehearsal: Rehearsal, batch: int, tokens: int | None, flops: bool) -> Run | None:
     try:
-        return rehearsal.run(batch, tokens, count_flops=flops)
+        return rehearsal.run(batch, tokens, count_flops=flops, layers=False)
     except Exception:  # noqa: BLE001 - a second run that cannot be made only loses precision
         return None
 
@@ -94,9 +94,12 @@ def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
 
 
 def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None = None, *,
-                           batch_size: int) -> dict[str, Any]:
+                           batch_size: int, scalars: list | None = None) -> dict[str, Any]:
     """Rehearse one training step of ``model`` called as ``model(*args, **kwargs)`` (the traced
-    inputs; ``batch_size`` is their batch size) and return plain dicts:
+    inputs; ``batch_size`` is their batch size) and return plain dicts. ``scalars`` are the tensor
+    values the traced forward read into Python, in order (``.item()``, ``if mask.all():``): meta
+    tensors have none, so the rehearsed forward is given the same answers, provided it asks as many
+    questions (transformers' check for packed sequences is one):
 
     * ``"measured"``: the ``measured.training`` object of ``docs/measured.md`` (bytes, at the traced
       batch size where a field is not per sample), or ``{"error": "<one line>"}`` when the step
@@ -114,7 +117,7 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
     try:
         model.train()
         with torch.random.fork_rng(devices=[]):  # the user's random stream is left where it was
-            return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size))
+            return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars))
     except RehearsalError as exc:
         return {"measured": {"error": str(exc)}, "savedBytes": {}}
     except Exception as exc:  # noqa: BLE001 - the trace stands; the plan falls back to its formula

@@ -181,10 +181,7 @@ def combine(r1: Run, r2: Run | None, r3: Run | None, r4: Run | None = None, *,
     peaks = [_entry(fit, i, r1.phases[i]) for i in _chosen(fit, r1.phases, batch)]
     top = max(range(len(fit.states)), key=lambda i: fit.states[i] + batch * fit.slopes[i])
     head = _entry(fit, top, r1.phases[top])
-    if fit.linear and r2 is not None:
-        saved = (r2.saved_total - r1.saved_total) / (r2.batch - r1.batch)
-    else:
-        saved = r1.saved_total / r1.batch
+    saved = r1.saved_total / r1.batch  # the layer-by-layer record is made in the first run only
     tokens = None
     if r1.tokens is not None:
         tokens = [r1.tokens] + ([r3.tokens] if fit.squares and r3 is not None else [])

@@ -70,8 +70,9 @@ class InputPlan:
     has it); for a token model (the first input is integer ids of shape ``(batch, tokens)``) every
     other axis of the traced length is a sequence axis."""
 
-    def __init__(self, args: tuple, kwargs: Mapping[str, Any], batch: int) -> None:
+    def __init__(self, args: tuple, kwargs: Mapping[str, Any], batch: int, scalars: list | None = None) -> None:
         self.args, self.kwargs, self.batch = args, dict(kwargs), batch
+        self.scalars = list(scalars or [])
         leaves = [t for t in pytree.tree_leaves((args, self.kwargs)) if isinstance(t, torch.Tensor)]
         first = leaves[0] if leaves else None
         self.tokens: int | None = None
@@ -145,6 +146,10 @@ def _loss(output: Any, tracker: StorageTracker) -> tuple[torch.Tensor, torch.Ten
         loss = nn.functional.mse_loss(logits, target)
         kind = "mean squared error"
     return loss, target, {"kind": kind, "shape": [int(d) for d in out.shape]}
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 class _Layers:
@@ -287,19 +292,21 @@ class Rehearsal:
             if isinstance(t, torch.Tensor):
                 tracker.register(t, "inputs")
 
-    def run(self, batch: int, tokens: int | None, *, count_flops: bool = False) -> Run:
+    def run(self, batch: int, tokens: int | None, *, count_flops: bool = False, layers: bool = True) -> Run:
         """One step at ``batch`` samples of ``tokens`` tokens. Raises whatever the model raises on
-        the meta device, or :class:`RehearsalError`. AdamW keeps no state for a parameter that never
+        the meta device, or :class:`RehearsalError`. ``layers``: record the bytes each module call
+        saves for backward (``Run.saved``; module hooks cost a little). AdamW keeps no state for a parameter that never
         gets a gradient (one the loss does not depend on): when the step finds some, it is rehearsed
         again with AdamW stepping only the others."""
-        run, stepped = self._run(batch, tokens, count_flops)
+        run, stepped = self._run(batch, tokens, count_flops, layers)
         if len(stepped) != len(self.stepped):
             self.stepped = stepped
             self.adamw = _ProxyAdamW(stepped)
-            run, _ = self._run(batch, tokens, count_flops)
+            run, _ = self._run(batch, tokens, count_flops, layers)
         return run
 
-    def _run(self, batch: int, tokens: int | None, count_flops: bool) -> tuple[Run, list[torch.Tensor]]:
+    def _run(self, batch: int, tokens: int | None, count_flops: bool,
+             record_layers: bool) -> tuple[Run, list[torch.Tensor]]:
         args, kwargs = self.plan.make(batch, tokens)
         flops = [0]
 
@@ -307,22 +314,27 @@ class Rehearsal:
             if tracker.phase == "forward":
                 flops[0] += op_flops(func, a, kw, out) or 0
 
-        tracker = StorageTracker(on_op=on_op if count_flops else None, cache=self.cache)
+        tracker = StorageTracker(on_op=on_op if count_flops else None, cache=self.cache, scalars=self.plan.scalars)
         attention = FusedAttention()
         autocast = CudaAutocast(sdpa=attention, on_weight_cast=lambda t: tracker.set_kind(t, "weights16"),
                                 dtype=self.dtype)
         layers = _Layers(self.model, tracker)
-        handles = layers.hooks()
+        handles = layers.hooks() if record_layers else []
+        pack = layers.pack if record_layers else _same
         try:
             with tracker:
                 self._register(tracker, (args, kwargs))
                 tracker.start("forward")
-                with torch.autograd.graph.saved_tensors_hooks(layers.pack, lambda t: t), _Autocast(self.dtype):
+                with torch.autograd.graph.saved_tensors_hooks(pack, _same), _Autocast(self.dtype):
                     with torch.device("meta"), autocast:
                         output = torch.func.functional_call(self.model, {**self.params, **self.buffers}, args, kwargs)
                         tracker.start("loss")
                         loss, target, loss_info = _loss(output, tracker)
                     autocast.clear_cache()
+                if tracker.scalars_read != len(self.plan.scalars):
+                    raise RehearsalError(
+                        f"the forward read {tracker.scalars_read} tensor values where the traced one read "
+                        f"{len(self.plan.scalars)}, so the traced values cannot stand in for them on the meta device")
                 tracker.start("backward")
                 loss.backward()
                 stepped = [p for p in self.trainable if p.grad is not None]

@@ -40,6 +40,7 @@ _INDEX = {kind: i for i, kind in enumerate(KINDS)}
 _PHASE_KIND = {"setup": "other", "forward": "activations", "loss": "loss", "backward": "backward",
                "optimizer": "optimizerTemporaries"}
 _ADD = torch.ops.aten.add.Tensor
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 
 
 class _Record:
@@ -64,10 +65,12 @@ class StorageTracker(TorchDispatchMode):
     """
 
     def __init__(self, on_op: Callable[[Any, tuple, dict, Any], None] | None = None, device: str = "meta",
-                 cache: MetaCache | None = None) -> None:
+                 cache: MetaCache | None = None, scalars: list | None = None) -> None:
         super().__init__()
         self.device = device
         self._cache = cache
+        self._scalars = scalars or []
+        self.scalars_read = 0
         self.events: list[tuple[_Record, int]] = []
         self.phases: list[tuple[str, int]] = [("setup", 0)]
         self.phase = "setup"
@@ -114,6 +117,8 @@ class StorageTracker(TorchDispatchMode):
     # --- the mode -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is _LOCAL_SCALAR and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            return self._scalar(args[0])
         out = self._cache.call(func, args, kwargs) if self._cache is not None else func(*args, **kwargs)
         if type(out) is torch.Tensor:
             self._see(out, None)
@@ -130,6 +135,15 @@ class StorageTracker(TorchDispatchMode):
         if self._on_op is not None:
             self._on_op(func, args, kwargs, out)
         return out
+
+    def _scalar(self, t: torch.Tensor) -> Any:
+        """A tensor value read into Python (``.item()``, ``bool(t)``): the traced forward's value at
+        the same position, which the meta device cannot compute."""
+        index = self.scalars_read
+        self.scalars_read += 1
+        if index >= len(self._scalars):
+            raise RuntimeError("Tensor.item() cannot be called on meta tensors (the traced forward read fewer values)")
+        return self._scalars[index]
 
     def _maybe_accumulation(self, args: tuple, out: torch.Tensor) -> None:
         """The autograd engine sums two gradients for one tensor in place when it holds the only
