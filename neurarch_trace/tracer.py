@@ -800,15 +800,15 @@ def trace_model(
         for module, flag in training.items():
             module.training = flag
 
-    training = (rehearse_training_step(model, args, kwargs, batch_size=tracer.batch_size, scalars=tracer.scalars)
-                if training_step else None)
+    step = (rehearse_training_step(model, args, kwargs, batch_size=tracer.batch_size, scalars=tracer.scalars)
+            if training_step else None)
     layers = None
     if depth is not None:  # the card describes the model whatever the depth: count the layers at full depth
         full = trace_model(model, tuple(args) if args else dict(kwargs), kwargs=kwargs if args else None,
                            training_step=False)
         layers = sum(1 for c in full["components"] if c["type"] not in ("input", "output"))
     graph = _build_graph(tracer, graph_name, output, named_inputs, description, input_count)
-    _attach_training(graph, tracer, training, layers)
+    _attach_training(graph, tracer, step, layers)
     return graph
 
 

@@ -63,11 +63,12 @@ def _assumptions(a: Analysis, fit: Fit, attention: Optional[str]) -> str:
             f"peak x {fit.headroom:g} is within its memory.")
     if a.memory.source == "measured":
         peak = a.memory.peak(fit.batch)
+        state_gb = (peak.state_bytes - FRAMEWORK_ALLOWANCE_BYTES) / 1e9
         return (
             f"{head}: measured by rehearsing the step (bf16 autocast with CUDA's op lists, fused "
             f"attention{' replaced by eager score matrices' if attention == 'eager' else ''}, AdamW "
-            f"foreach), peak in the {peak.phase} phase: {peak.state_bytes / 1e9 - FRAMEWORK_ALLOWANCE_BYTES / 1e9:.3g} GB "
-            f"of state and {peak.per_sample_bytes / 1e6:.4g} MB per sample, " + tail
+            f"foreach), peak in the {peak.phase} phase: {state_gb:.3g} GB of state and "
+            f"{peak.per_sample_bytes / 1e6:.4g} MB per sample, " + tail
         )
     return (
         f"{head}: estimated, {_BYTES_PER_TRAINABLE} bytes per trainable parameter (16-bit weights "
