@@ -11,12 +11,14 @@ the rest.
 Reports, in one run on this machine:
 
 1. For a ResNet-50-like CNN, a ViT-B/16-like model, a BERT-base config and a GPT-2 config: the bare
-   forward time, the trace time, and their ratio (medians of ``--repeats`` runs each, alternating
-   bare and traced runs after one warm-up of each).
-   Both run the same way: ``eval()`` mode, autograd enabled (the tracer runs the forward so), CPU,
-   batch 1; images 224 px, 128 tokens.
+   forward time, the trace time without the training-step rehearsal (``training_step=False``) and
+   with it (the default), and their ratios (medians of ``--repeats`` runs each, alternating the
+   three after one warm-up of each). All run the same way: ``eval()`` mode, autograd enabled (the
+   tracer runs the forward so), CPU, batch 1; images 224 px, 128 tokens.
 2. For LLaMA-7B and LLaMA-3-70B configs on the meta device: the trace time (model build included)
-   and the peak resident memory, each in a fresh subprocess so the peak is its own.
+   with and without the rehearsal, and the peak resident memory, each in a fresh subprocess so the
+   peak is its own; and, in a fresh process, the one-time cost of the rehearsal's first meta
+   operations (PyTorch imports its meta kernels, ``torch._refs`` and sympy on first use).
 3. Writing and reading back a graph of 10,000 nodes, and the trace time per layer of deep
    sequential models of 1,000 and 4,000 layers (linear scaling gives a ratio near 1).
 
@@ -49,18 +51,18 @@ from neurarch_trace import read_graph, trace_model, write_graph  # noqa: E402
 CLOCK = time.perf_counter
 
 
-def paired_medians(first, second, repeats: int) -> tuple[float, float]:
-    """Median times of two functions run alternately (A, B, A, B, ...) after one warm-up each, so
-    that drift in the machine's load hits both alike."""
-    first()
-    second()
-    a, b = [], []
+def paired_medians(*fns, repeats: int) -> tuple[float, ...]:
+    """Median times of functions run alternately (A, B, C, A, B, C, ...) after one warm-up each, so
+    that drift in the machine's load hits all alike."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, times in ((first, a), (second, b)):
+        for fn, spent in zip(fns, times):
             start = CLOCK()
             fn()
-            times.append(CLOCK() - start)
-    return statistics.median(a), statistics.median(b)
+            spent.append(CLOCK() - start)
+    return tuple(statistics.median(t) for t in times)
 
 
 def median_time(fn, repeats: int) -> float:
@@ -102,12 +104,16 @@ def bench_forward_vs_trace(repeats: int, only: str | None = None) -> list[dict]:
                 model(*args, **kwargs)
 
         def traced(model=model, args=args, kwargs=kwargs) -> None:
+            trace_model(model, args, kwargs=kwargs, training_step=False)
+
+        def rehearsed(model=model, args=args, kwargs=kwargs) -> None:
             trace_model(model, args, kwargs=kwargs)
 
-        forward, trace = paired_medians(bare, traced, repeats)
-        rows.append({"model": label, "forward_s": forward, "trace_s": trace, "ratio": trace / forward})
-        print(f"{label:34s} forward {forward * 1e3:8.1f} ms  trace {trace * 1e3:8.1f} ms  "
-              f"ratio {trace / forward:5.2f}x", flush=True)
+        forward, trace, full = paired_medians(bare, traced, rehearsed, repeats=repeats)
+        rows.append({"model": label, "forward_s": forward, "trace_s": trace, "ratio": trace / forward,
+                     "trace_with_step_s": full, "step_ratio": full / trace})
+        print(f"{label:34s} forward {forward * 1e3:8.1f} ms  trace {trace * 1e3:8.1f} ms  ratio {trace / forward:5.2f}x"
+              f"  with the step {full * 1e3:8.1f} ms ({full / trace:4.2f}x the trace)", flush=True)
     return rows
 
 
@@ -118,10 +124,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from neurarch_trace import trace_model
 cfg = LlamaConfig(**json.loads(sys.argv[1]))
+step = sys.argv[2] == "step"
 t0 = time.perf_counter()
 with torch.device("meta"):
     model = LlamaForCausalLM(cfg)
-graph = trace_model(model, torch.randint(0, 1000, (1, 128), device="meta"))
+graph = trace_model(model, torch.randint(0, 1000, (1, 128), device="meta"), training_step=step)
 t1 = time.perf_counter()
 # VmHWM, not ru_maxrss: a child's ru_maxrss can carry the parent's peak across fork
 hwm_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
@@ -145,13 +152,39 @@ def bench_meta() -> list[dict]:
     except ImportError:
         return rows
     for label, cfg in LLAMA.items():
-        out = subprocess.run([sys.executable, "-c", META_SCRIPT, json.dumps(cfg)], capture_output=True, text=True,
-                             check=True)
-        row = {"model": label, **json.loads(out.stdout.strip().splitlines()[-1])}
-        rows.append(row)
-        print(f"{label:34s} build+trace {row['trace_s']:6.2f} s (process {row['total_s']:5.2f} s)  "
-              f"peak RSS {row['peak_rss_gib']:.2f} GiB  params {row['params'] / 1e9:.2f}B", flush=True)
+        for step in ("plain", "step"):
+            out = subprocess.run([sys.executable, "-c", META_SCRIPT, json.dumps(cfg), step], capture_output=True,
+                                 text=True, check=True)
+            row = {"model": label, "training_step": step == "step", **json.loads(out.stdout.strip().splitlines()[-1])}
+            rows.append(row)
+            print(f"{label:34s} {'with the step' if step == 'step' else 'trace only':14s} build+trace "
+                  f"{row['trace_s']:6.2f} s (process {row['total_s']:5.2f} s)  peak RSS {row['peak_rss_gib']:.2f} GiB  "
+                  f"params {row['params'] / 1e9:.2f}B", flush=True)
     return rows
+
+
+COLD_SCRIPT = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch, resnet
+from neurarch_trace import trace_model
+model, x = resnet.ResNet18(), torch.randn(1, 3, 224, 224)
+t0 = time.perf_counter(); trace_model(model, x, training_step=False); t1 = time.perf_counter()
+trace_model(model, x); t2 = time.perf_counter()
+trace_model(model, x); t3 = time.perf_counter()
+print(json.dumps({"trace_s": t1 - t0, "first_with_step_s": t2 - t1, "second_with_step_s": t3 - t2}))
+"""
+
+
+def bench_cold() -> dict:
+    """In a fresh process: a trace, then the first and the second trace with the step (the first
+    pays PyTorch's one-time import of its meta kernels)."""
+    out = subprocess.run([sys.executable, "-c", COLD_SCRIPT, str(ROOT / "examples" / "models")], capture_output=True,
+                         text=True, check=True)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"fresh process, ResNet-18: trace {row['trace_s']:.2f} s; first trace with the step "
+          f"{row['first_with_step_s']:.2f} s, second {row['second_with_step_s']:.2f} s", flush=True)
+    return row
 
 
 def deep(n: int) -> nn.Module:
@@ -210,6 +243,7 @@ def main() -> None:
     }
     if args.only is None:
         results["meta"] = bench_meta()
+        results["cold"] = bench_cold()
         results["scaling_and_io"] = bench_scaling_and_io(args.repeats)
         results["peak_rss_gib_this_process"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
     if args.json:

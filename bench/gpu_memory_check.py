@@ -2,12 +2,14 @@
 
 For each example model the script traces the model (CPU, batch 1), asks the planner library (no
 HTTP) for the card's memory model, then runs real training steps on the GPU at several batch sizes
-with mixed precision (``torch.autocast`` in bf16, fp32 master weights, ``torch.optim.AdamW``), and
+with mixed precision (``torch.autocast`` in bf16, fp32 master weights, ``torch.optim.AdamW``
+foreach, the loss the rehearsal computes: cross-entropy in float32 on the primary output), and
 reports, per model and batch:
 
-* predicted peak = ``plan.cost.staticGb + batch x plan.cost.perSampleGb`` minus the plan's 1 GB
-  framework allowance (``max_memory_allocated`` does not see the CUDA context), against
-  ``torch.cuda.max_memory_allocated()`` after one step (GB = 10^9 bytes);
+* predicted peak = the memory model's peak at that batch (``analyse(graph).memory.peak_bytes``, the
+  number behind ``plan.cost.peakGb``) minus the plan's 1 GB framework allowance
+  (``max_memory_allocated`` does not see the CUDA context), against
+  ``torch.cuda.max_memory_allocated()`` over the second step (GB = 10^9 bytes);
 * predicted step time = 3 x forward FLOPs x batch / (the GPU's dense bf16 peak x the plan's MFU),
   against the median of timed steps after warm-up (``torch.cuda.synchronize`` around each).
 
@@ -37,6 +39,7 @@ sys.path.insert(0, str(ROOT / "examples" / "models"))
 
 from neurarch_trace import trace_model  # noqa: E402
 from neurarch_trace.planner import make_plan  # noqa: E402
+from neurarch_trace.planner.analysis import analyse  # noqa: E402
 from neurarch_trace.planner.gpus import gpu_table  # noqa: E402
 from neurarch_trace.planner.memory import FRAMEWORK_ALLOWANCE_BYTES  # noqa: E402
 
@@ -60,15 +63,13 @@ def example_models(include_hf: bool):
         return make
 
     def classify(out, target):
-        return nn.functional.cross_entropy(out.float(), target)
+        logits = out.logits if hasattr(out, "logits") else out
+        return nn.functional.cross_entropy(logits.float(), target)
 
     def next_token(out, ids):
-        logits = out.logits if hasattr(out, "logits") else out
-        return nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
-
-    def hidden_mse(out, ids):
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out
-        return hidden.float().pow(2).mean()
+        # the rehearsal's loss on a 3-D output: cross-entropy over its last axis, in float32
+        x = out.logits if hasattr(out, "logits") else getattr(out, "last_hidden_state", out)
+        return nn.functional.cross_entropy(x.float().flatten(0, 1), (ids % x.shape[-1]).flatten())
 
     yield "ResNet-18 224px", resnet.ResNet18, images(224, 1000), classify
     yield "ResNet-50 224px", resnet.ResNet50, images(224, 1000), classify
@@ -78,7 +79,7 @@ def example_models(include_hf: bool):
         import transformers
 
         yield ("BERT-base 128 tokens", lambda: transformers.BertModel(transformers.BertConfig()),
-               tokens(128, 30522), hidden_mse)
+               tokens(128, 30522), next_token)
         yield ("GPT-2 LM 512 tokens",
                lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(use_cache=False)),
                tokens(512, 50257), next_token)
@@ -87,7 +88,7 @@ def example_models(include_hf: bool):
 def measure(factory, make_batch, loss_fn, batch: int, device: str, steps: int) -> dict:
     torch.manual_seed(0)
     model = factory().to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     inputs, target = make_batch(batch, device)
     dtype = torch.bfloat16
 
@@ -95,14 +96,17 @@ def measure(factory, make_batch, loss_fn, batch: int, device: str, steps: int) -
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device_type=device, dtype=dtype):
             out = model(*inputs)
-        loss = loss_fn(out, target)
+            loss = loss_fn(out, target)
         loss.backward()
         optimizer.step()
+        del out, loss
 
+    step()  # the first step allocates the optimizer state: a steady step carries it
     if device == "cuda":
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    step()  # the first step allocates the optimizer state: the peak of a steady step includes it
+    step()
     if device == "cuda":
         torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
@@ -138,12 +142,12 @@ def main() -> None:
         inputs, _ = make_batch(1, "cpu")
         graph = trace_model(model, inputs)
         plan = make_plan(graph)["plan"]
-        static_gb, per_sample_gb = plan["cost"]["staticGb"], plan["cost"]["perSampleGb"]
+        memory = analyse(graph).memory
         mfu = plan["cost"]["training"]["mfu"] if plan["cost"].get("training") else 0.40
         flops = plan["model"]["flops"]
         del model
         for batch in batches:
-            predicted_gb = static_gb + batch * per_sample_gb - FRAMEWORK_ALLOWANCE_BYTES / 1e9
+            predicted_gb = (memory.peak_bytes(batch) - FRAMEWORK_ALLOWANCE_BYTES) / 1e9
             predicted_s = 3 * flops * batch / (gpu.peak_tflops * 1e12 * mfu)
             try:
                 got = measure(factory, make_batch, loss_fn, batch, args.device, args.steps)
@@ -151,7 +155,8 @@ def main() -> None:
                 got = {"measured_peak_gb": None, "step_s": None, "oom": True}
             if args.device == "cuda":
                 torch.cuda.empty_cache()  # the step's model and optimizer are gone: start clean
-            row = {"model": label, "batch": batch, "predicted_peak_gb": predicted_gb,
+            row = {"model": label, "batch": batch, "memory_source": memory.source,
+                   "predicted_phase": memory.peak(batch).phase, "predicted_peak_gb": predicted_gb,
                    "predicted_step_s": predicted_s, "mfu": mfu, **got}
             if got.get("measured_peak_gb"):
                 row["peak_ratio"] = predicted_gb / got["measured_peak_gb"]

@@ -155,6 +155,9 @@ def _trace_command(args: argparse.Namespace) -> int:
             quiet=not args.verbose,
             progress=progress,
         )
+    training = graph.get("measured", {}).get("training")
+    if isinstance(training, dict) and training.get("error"):  # the trace stands; the plan estimates memory
+        say(f"training step not rehearsed, memory will be estimated from layer outputs: {training['error']}")
     if to_stdout:
         sys.stdout.write(dumps_graph(graph))
         sys.stdout.flush()

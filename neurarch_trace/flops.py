@@ -34,9 +34,10 @@ import torch
 from torch.utils import flop_counter as _fc
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["FlopMode", "rnn_flops", "linear_flops", "op_flops"]
+__all__ = ["FlopMode", "flop_kind", "rnn_flops", "linear_flops", "op_flops"]
 
 _aten = torch.ops.aten
+_LOCAL_SCALAR = _aten._local_scalar_dense.default
 
 
 def _sdpa_cpu_flops(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
@@ -208,17 +209,22 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
 class FlopMode(TorchDispatchMode):
     """A dispatch mode that hands each operation's FLOPs to ``sink(flops, op_name)``.
 
-    ``flops`` is ``None`` for an operation that could not be counted.
+    ``flops`` is ``None`` for an operation that could not be counted. With ``scalars`` (a list),
+    every tensor value the forward reads into Python (``.item()``, ``bool(t)``: ``aten._local_scalar_dense``)
+    is appended to it, in order.
     """
 
-    def __init__(self, sink: Callable[[int | None, str], None]) -> None:
+    def __init__(self, sink: Callable[[int | None, str], None], scalars: list | None = None) -> None:
         super().__init__()
         self._sink = sink
+        self._scalars = scalars
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
             kwargs = {}
         out = func(*args, **kwargs)
+        if func is _LOCAL_SCALAR and self._scalars is not None:
+            self._scalars.append(out)
         entry = _CLASSIFIED.get(func) or _classify(func)
         if entry[0] is not None:
             flops = _count(entry[0], args, kwargs, out)
@@ -227,6 +233,18 @@ class FlopMode(TorchDispatchMode):
         elif entry[2]:
             self._sink(None, entry[1])
         return out
+
+
+def flop_kind(op: str) -> str:
+    """The kind of work an operation's FLOPs are: ``"convolution"`` (``aten.convolution``,
+    ``aten.conv2d``, ...), ``"attention"`` (the fused attention kernels) or ``"matmul"`` (matrix
+    products, and anything else counted). ``op`` is the name :class:`FlopMode` reports."""
+    base = op.rsplit(".", 1)[-1]
+    if "conv" in base and not any(word in base for word in _NOT_COSTLY):
+        return "convolution"
+    if "attention" in base:
+        return "attention"
+    return "matmul"
 
 
 def linear_flops(in_features: int, out_features: int, rows: int) -> int:

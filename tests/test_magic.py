@@ -5,6 +5,7 @@ lookups, errors as one line, the result object's text/HTML/widget displays, and 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -487,7 +488,8 @@ def test_text_and_html_where_widgets_cannot_render(shell: InteractiveShell, scri
     assert data["text/plain"].splitlines()[0] == "Tiny: 4 layers, 837 params, 9.2 KFLOPs at batch 1"
     assert "Not planned: nothing was sent" in data["text/plain"]
     html = data["text/html"]
-    assert "<details><summary>Layers (4)</summary>" in html and "<script" not in html and " on" not in html.lower()
+    assert "<details><summary>Layers (4)</summary>" in html and "<script" not in html
+    assert not re.search(r"\son[a-z]+\s*=", html.lower())  # no event-handler attribute: the HTML runs nothing
     # The table: input and output shapes per sample, parameters, FLOPs per sample, the totals row.
     cell = '<td style="text-align: left; padding: 1px 10px 1px 0;">'
     assert f"{cell}3x8x8</td>{cell}4x6x6</td>" in html
@@ -532,6 +534,10 @@ def test_tied_head_names_its_embedding_and_totals_split_frozen(shell: Interactiv
 
 def test_saved_bytes_column_and_measured_memory_show_when_the_graph_has_them(shell: InteractiveShell) -> None:
     r = magic(shell, "model --input 2,3,8,8 --no-save")
+    assert "savedBytes" in r.graph["components"][1]["measured"] and "training" in r.graph["measured"]
+    for comp in r.graph["components"]:  # as a graph from a tool that measures no training step
+        comp["measured"].pop("savedBytes", None)
+    del r.graph["measured"]["training"]
     assert "Saved for backward" not in r._repr_html_() and "Training memory" not in r._repr_html_()
     for comp in r.graph["components"]:
         if comp["type"] == "conv2d":

@@ -112,6 +112,7 @@ def test_mlp_card_exactly() -> None:
         "+------------------------------------------------------------------+",
         "| Runs            yes, shapes propagate end to end                 |",
         "| GPU fit         T4 16 GB at batch 1024 fp16 (1.0 GB peak)        |",
+        "|                 estimated from layer outputs (no measured step)  |",
         "| Training cost   <$0.01 per million samples on a T4               |",
         "|                 <1 s at 40% of 65 TFLOPS fp16, $0.59/h           |",
         "| Blockers        none                                             |",
@@ -344,7 +345,8 @@ def test_measured_totals_win_over_estimates() -> None:
     layers = {layer["name"]: layer for layer in plan["layers"]}
     assert layers["fc1"]["flops"] == 401_408 and layers["fc1"]["flopsSource"] == "measured"
     assert layers["act"]["flopsSource"] == "estimated"
-    assert "estimated" not in make_plan(_measured_mlp())["text"]
+    header = make_plan(_measured_mlp())["text"].splitlines()[:4]  # counts measured; memory not (no step)
+    assert not any("estimated" in line for line in header)
 
 
 def test_measured_null_flops_is_unknown_cost() -> None:
@@ -536,7 +538,11 @@ def test_recorded_traces_have_no_false_blockers(name: str) -> None:
     assert plan["model"]["params"] == measured["params"]
     assert plan["model"]["flops"] == measured["flops"] // measured["batchSize"]
     assert (plan["model"]["paramsSource"], plan["model"]["flopsSource"]) == ("measured", "measured")
-    assert "estimated" not in make_plan(doc)["text"]
+    text = make_plan(doc)["text"]
+    assert not any("estimated" in line for line in text.splitlines()[:4])  # the counts are measured
+    # recorded by neurarch-trace 0.1.0, before the training-step rehearsal: memory from the formula
+    assert plan["memory"]["source"] == "estimated"
+    assert row("", "estimated from layer outputs (no measured step)") in text.splitlines()
 
 
 def _strip_measured(doc: Dict[str, Any]) -> Dict[str, Any]:
@@ -730,3 +736,106 @@ def test_planner_and_service_never_import_torch() -> None:
     code = ("import sys, neurarch_trace.planner, neurarch_trace.server.app; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# --- a measured training step (measured.training, docs/measured.md) ------------------------------
+
+
+def _with_training(doc: Dict[str, Any], **overrides: Any) -> Dict[str, Any]:
+    """The MLP graph with a rehearsed step of two phase peaks, worked by hand below."""
+    doc = copy.deepcopy(doc)
+    training = {
+        "batchSizes": [2, 4], "tokens": None, "peakPhase": "optimizer",
+        "peaks": [
+            # the optimizer step: 20 B a parameter's worth of state, the batch alive
+            {"phase": "optimizer", "stateBytes": {"masterWeights": 4_000_000, "gradients": 4_000_000,
+                                                  "optimizerMoments": 8_000_000, "optimizerTemporaries": 4_000_000},
+             "perSampleBytes": {"inputs": 3_136.0}},
+            # the start of the backward: the moments, the 16-bit copies and every activation
+            {"phase": "backward", "stateBytes": {"weights16": 2_000_000, "masterWeights": 4_000_000,
+                                                 "optimizerMoments": 8_000_000},
+             "perSampleBytes": {"inputs": 3_136.0, "activations": 100_000.0, "backward": 20_000.0}},
+        ],
+        "attention": {"sdpaCalls": 0, "kernels": {}, "eagerScoreBytesPerSample": 0.0,
+                      "fusedKeptBytesPerSample": 0.0, "eagerExtraBytesPerSample": 0.0},
+    }
+    training.update(overrides)
+    doc.setdefault("measured", {})["training"] = training
+    return doc
+
+
+def test_a_measured_step_is_the_memory_model() -> None:
+    plan = plan_of(_with_training(load("mlp")))
+    memory = plan["memory"]
+    assert memory["source"] == "measured" and memory["reason"] is None
+    # optimizer line: 20e6 + 1e9 + b * 3,136; backward line: 14e6 + 1e9 + b * 123,136. They cross at
+    # b = 6e6 / 120,000 = 50: the optimizer peaks up to batch 32, the backward from 64 on
+    # T4: (1.014e9 + b * 123,136) * 1.15 <= 16e9 up to b = 104,760: the 1024 cap
+    assert plan["fit"]["gpu"] == "T4" and plan["fit"]["batch"] == 1024
+    assert memory["peakPhase"] == "backward"
+    assert plan["cost"]["peakGb"] == pytest.approx((1_014_000_000 + 1024 * 123_136) / 1e9, rel=1e-12)
+    assert plan["cost"]["activationGb"] == pytest.approx(1024 * 123_136 / 1e9, rel=1e-12)
+    assert plan["cost"]["staticGb"] == pytest.approx(1.014, rel=1e-12)
+    breakdown = plan["cost"]["breakdown"]
+    assert breakdown["weightsGb"] == pytest.approx(0.002) and breakdown["optimizerGb"] == pytest.approx(0.008)
+    assert breakdown["backwardGb"] == pytest.approx(1024 * 20_000 / 1e9)
+    assert "measured by rehearsing the step" in plan["cost"]["assumptions"]
+    assert "at batch 1024" in plan["cost"]["assumptions"]
+    lines = make_plan(_with_training(load("mlp")))["text"].splitlines()
+    assert row("", "measured: rehearsed step, peak in the backward") in lines
+    assert [p["phase"] for p in memory["phases"]] == ["optimizer", "backward"]
+    assert memory["phases"][0]["peakGb"] == pytest.approx((1_020_000_000 + 1024 * 3_136) / 1e9, rel=1e-12)
+
+
+def test_a_measured_step_sized_for_another_length() -> None:
+    """A token model traced at 16 tokens, planned at 64 (r = 4): the per-sample bytes that grow with
+    the length squared are scaled by r^2, the others by r; eager attention adds the score matrices
+    (r^2) less what the fused kernel kept (r)."""
+    doc = _with_training(_token_model(), tokens=[16, 8], flopsSeqSquaredFraction=0.25, peaks=[
+        {"phase": "backward", "stateBytes": {"masterWeights": 1_000_000},
+         "perSampleBytes": {"inputs": 128.0, "activations": 50_000.0},
+         "seqSquaredBytes": {"activations": 10_000.0}}])
+    doc["measured"]["training"]["attention"].update(sdpaCalls=1, eagerScoreBytesPerSample=7_000.0,
+                                                    fusedKeptBytesPerSample=2_000.0)
+    sdpa = plan_of(doc, seq_len=64)
+    # inputs 128 * 4 = 512; activations (50,000 - 10,000) * 4 + 10,000 * 16 = 320,000
+    assert sdpa["cost"]["perSampleGb"] == pytest.approx((512 + 320_000) / 1e9, rel=1e-12)
+    # FLOPs: 2,637,824 traced, 3/4 linear (x4) and 1/4 quadratic (x16): x (0.75 * 4 + 0.25 * 16) = x7
+    assert sdpa["model"]["flops"] == pytest.approx(7 * 2_637_824, rel=1e-12)
+    assert any("measured attention terms by its square" in note for note in sdpa["notes"])
+    eager = plan_of(doc, seq_len=64, attention="eager")
+    # + 7,000 * 16 - 2,000 * 4 = 104,000
+    assert eager["cost"]["perSampleGb"] == pytest.approx((512 + 320_000 + 104_000) / 1e9, rel=1e-12)
+
+
+@pytest.mark.parametrize("training, reason", [
+    ({"error": "the training step could not be rehearsed on the meta device (RuntimeError: x)"},
+     "the training step was not rehearsed: the training step could not be rehearsed on the meta device"),
+    ({"peaks": []}, "measured.training.peaks is missing or malformed"),
+    ({"peaks": [{"phase": "backward", "stateBytes": {"masterWeights": -1}}]}, "measured.training.peaks is malformed"),
+    ({"peaks": [{"phase": "backward", "stateBytes": {"masterWeights": "1e9"}}]},
+     "measured.training.peaks is malformed"),
+    ({"peaks": [{"phase": "backward", "perSampleBytes": {"activations": float("nan")}}]},
+     "measured.training.peaks is malformed"),
+    ({"peaks": [{"phase": "backward", "stateBytes": {"weights": 1}}]}, "measured.training.peaks is malformed"),
+    ({"peaks": [{"phase": "x"}] * 65}, "measured.training.peaks is missing or malformed"),
+    ("not an object", "the graph has no measured training step"),
+])
+def test_a_malformed_measurement_falls_back_to_the_estimate(training: Any, reason: str) -> None:
+    doc = load("mlp")
+    doc["measured"] = {"training": training}
+    plan = plan_of(doc)
+    assert plan["memory"]["source"] == "estimated" and plan["memory"]["reason"].startswith(reason)
+    # the estimate, as test_mlp_numbers_by_hand works it out
+    assert plan["cost"]["perSampleGb"] == pytest.approx(4_772 / 1e9, rel=1e-12)
+    assert row("", "estimated from layer outputs (no measured step)") in make_plan(doc)["text"].splitlines()
+
+
+def test_flops_by_kind_decide_the_utilisation_at_any_depth() -> None:
+    doc = load("tiny_cnn")
+    assert plan_of(doc)["cost"]["training"]["mfu"] == 0.20  # by layer type: the conv carries the FLOPs
+    doc["measured"] = {"flopsByKind": {"convolution": 10, "matmul": 90}}
+    assert plan_of(doc)["cost"]["training"]["mfu"] == 0.40  # the whole-model count wins
+    doc["measured"] = {"flopsByKind": {"convolution": 90, "matmul": 10}, "layers": 68}
+    plan = plan_of(doc)
+    assert plan["cost"]["training"]["mfu"] == 0.20 and plan["model"]["layers"] == 68

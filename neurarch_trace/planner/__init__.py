@@ -65,13 +65,22 @@ def _assumptions(a: Analysis, fit: Fit, attention: Optional[str]) -> str:
         f"{a.work.seq_len} tokens per sample" if a.work.kind == "tokens" and a.work.seq_len else None,
     ]
     head = ", ".join(p for p in parts if p)
+    tail = (f"and a {FRAMEWORK_ALLOWANCE_BYTES / 1e9:g} GB framework allowance; a card fits when the "
+            f"peak x {fit.headroom:g} is within its memory.")
+    if a.memory.source == "measured":
+        peak = a.memory.peak(fit.batch)
+        state_gb = (peak.state_bytes - FRAMEWORK_ALLOWANCE_BYTES) / 1e9
+        return (
+            f"{head}: measured by rehearsing the step (bf16 autocast with CUDA's op lists, fused "
+            f"attention{' replaced by eager score matrices' if attention == 'eager' else ''}, AdamW "
+            f"foreach), peak in the {peak.phase} phase: {state_gb:.3g} GB of state and "
+            f"{peak.per_sample_bytes / 1e6:.4g} MB per sample, " + tail
+        )
     return (
-        f"{head}: {_BYTES_PER_TRAINABLE} bytes per trainable parameter (16-bit weights "
+        f"{head}: estimated, {_BYTES_PER_TRAINABLE} bytes per trainable parameter (16-bit weights "
         f"{WEIGHT16_BYTES}, fp32 master weights {MASTER_WEIGHT_BYTES}, fp32 gradients {GRADIENT_BYTES}, "
         f"AdamW moments {ADAMW_BYTES}), every layer's output kept for backward at {ACTIVATION_BYTES} bytes "
-        f"per element" + (", eager attention scores" if attention == "eager" else "")
-        + f", and a {FRAMEWORK_ALLOWANCE_BYTES / 1e9:g} GB framework allowance; a card fits when the "
-        f"peak x {fit.headroom:g} is within its memory."
+        f"per element" + (", eager attention scores" if attention == "eager" else "") + ", " + tail
     )
 
 
@@ -132,6 +141,7 @@ def make_plan(
     fit = fit_gpu(a.memory)
     unit = training_unit(a.work)
     sized = sizing(a, options)
+    cost = cost_fields(a, sized, attention, _assumptions(a, fit, attention))
     target = source.get("target") if isinstance(source, Mapping) else None
     table = gpu_table()
     plan: Dict[str, Any] = {
@@ -139,7 +149,7 @@ def make_plan(
         "model": {
             "name": a.graph.name,
             "target": target_label(target if isinstance(target, str) else None),
-            "layers": len(a.graph.layers),
+            "layers": a.layer_count,
             "params": a.counts.params,
             "trainableParams": a.counts.trainable,
             "frozenParams": a.counts.frozen,
@@ -160,7 +170,8 @@ def make_plan(
             "details": [issue.as_dict() for issue in a.blockers],
         },
         "fit": fit_fields(sized),
-        "cost": cost_fields(a, sized, attention, _assumptions(a, fit, attention)),
+        "memory": a.memory.as_plan(cost["batch"]),
+        "cost": cost,
         "finetune": finetune_fields(a, sized),
         "serve": serve_fields(sized),
         "warnings": [issue.message for issue in a.warnings],

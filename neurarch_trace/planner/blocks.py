@@ -18,9 +18,12 @@ the input to each transformer layer is stored"). Per sample::
                             + the outputs of block layers that feed a layer outside their block
                             + the largest block's activations (the one being recomputed)
 
-A layer's bytes are ``measured.savedBytes`` (what autograd saved for it, at ``measured.batchSize``)
-when the graph has it, else its output elements at the memory model's bytes per element, so the
-blocks are counted the way :mod:`neurarch_trace.planner.memory` counts the whole model.
+A block's bytes are what the rehearsed training step saw it save for backward
+(``measured.training.scopeSavedBytes``, functional code inside the block included) when the graph
+has it, else the sum of its layers' ``measured.savedBytes`` or output elements at the memory
+model's bytes per element. What leaves a block is its boundary layers' outputs
+(``measured.outputBytes``: in their dtype as traced, float32 for a float model, which autocast
+keeps for transformers' residual stream and halves for a convolutional net's: an overcount there).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from neurarch_trace.contract import Graph, Node, numel, parse_shape
 from neurarch_trace.planner.counts import Counts, measured_int
 from neurarch_trace.planner.memory import ACTIVATION_BYTES, DTYPE_BYTES, INPUT_FLOAT_BYTES
 
-__all__ = ["Block", "Blocks", "find_blocks", "layer_bytes"]
+__all__ = ["Block", "Blocks", "find_blocks", "layer_bytes", "output_bytes"]
 
 _FLOAT = frozenset({"float64", "double", "float32", "float", "float16", "half", "bfloat16"})
 
@@ -114,6 +117,28 @@ def layer_bytes(node: Node, batch: int) -> float:
     return elements * ACTIVATION_BYTES
 
 
+def output_bytes(node: Node, batch: int) -> float:
+    """What a layer's outputs take per sample, in bytes: ``measured.outputBytes`` / batch (their
+    dtype as traced) when recorded, else :func:`layer_bytes`."""
+    recorded = measured_int(node.measured, "outputBytes")
+    return recorded / max(1, batch) if recorded is not None else layer_bytes(node, batch)
+
+
+def _scope_saved(graph: Graph) -> dict[str, float]:
+    """``measured.training.scopeSavedBytes``: the bytes each container's first call saved for
+    backward (functional code inside it included), at the traced batch, by module path."""
+    training = graph.measured.get("training")
+    raw = training.get("scopeSavedBytes") if isinstance(training, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    found: dict[str, float] = {}
+    for key, calls in raw.items():
+        first = calls[0] if isinstance(calls, list) and calls else None
+        if isinstance(key, str) and measured_int({"n": first}, "n") is not None:
+            found[key] = float(first)
+    return found
+
+
 def find_blocks(graph: Graph, counts: Counts) -> Blocks:
     """The repeated blocks of ``graph`` (an empty :class:`Blocks` when it has none)."""
     params = {lc.node.id: lc.params for lc in counts.layers}
@@ -133,17 +158,20 @@ def find_blocks(graph: Graph, counts: Counts) -> Blocks:
     if not repeated:
         return Blocks(largest_layer_params=largest_layer)
     batch = counts.batch_size
+    scopes = _scope_saved(graph)
     blocks = []
     for group, keys in groups.items():
         for key in keys:
             if key in repeated:
                 nodes = members[key]
+                saved = scopes.get(key)
                 blocks.append(Block(key, group, tuple(n.id for n in nodes), sum(params.get(n.id, 0) for n in nodes),
-                                    sum(layer_bytes(n, batch) for n in nodes)))
+                                    saved / max(1, batch) if saved is not None
+                                    else sum(layer_bytes(n, batch) for n in nodes)))
     boundary = 0.0
     for node_id, key in where.items():
         if any(where.get(s) != key for s in graph.succs.get(node_id, [])):
-            boundary += layer_bytes(graph.by_id[node_id], batch)
+            boundary += output_bytes(graph.by_id[node_id], batch)
     return Blocks(
         blocks=blocks,
         block_bytes=sum(b.saved_bytes for b in blocks),

@@ -164,7 +164,14 @@ _STRATEGY = {"single": "one GPU", "ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeR
 _CHECKPOINT = "with activation checkpointing (+1 forward pass)"
 
 
-def _cluster_fit_rows(fit: Mapping[str, Any]) -> List[str]:
+def _source(memory: Optional[Mapping[str, Any]]) -> str:
+    """Where the peak comes from: a measured (rehearsed) training step or the layer-output formula."""
+    if memory and memory.get("source") == "measured":
+        return f"measured: rehearsed step, peak in the {memory.get('peakPhase')}"
+    return "estimated from layer outputs (no measured step)"
+
+
+def _cluster_fit_rows(fit: Mapping[str, Any], memory: Optional[Mapping[str, Any]]) -> List[str]:
     """A setup of several GPUs, or one GPU with activation checkpointing."""
     strategy = fit["strategy"].split("+")[0]
     peak = units.gb(fit["peakGb"] * 1e9)
@@ -178,7 +185,7 @@ def _cluster_fit_rows(fit: Mapping[str, Any]) -> List[str]:
     if fit["borderline"]:
         per = " per GPU" if fit["gpus"] > 1 else ""
         rows.append(f"borderline: needs {units.gb(fit['needGb'] * 1e9)}{per} with x{fit['headroom']:g} headroom")
-    return _row("GPU fit", *rows)
+    return _row("GPU fit", *rows, _source(memory))
 
 
 def _needs_text(fit: Mapping[str, Any], lead: str) -> List[str]:
@@ -192,25 +199,26 @@ def _needs_text(fit: Mapping[str, Any], lead: str) -> List[str]:
             f"({units.gb(needs['peakGb'] * 1e9)} peak per GPU)"]
 
 
-def _fit_rows(fit: Mapping[str, Any]) -> List[str]:
+def _fit_rows(fit: Mapping[str, Any], memory: Optional[Mapping[str, Any]] = None) -> List[str]:
     if fit["fits"] and (fit.get("gpus", 1) > 1 or fit.get("checkpointing")):
-        return _cluster_fit_rows(fit)
+        return _cluster_fit_rows(fit, memory)
     if not fit["fits"] and fit.get("requestedGpu"):
         n = fit.get("requestedGpus")
         asked = f"{n}x {fit['requestedGpu']}" if n else fit["requestedGpu"]
         upto = "" if n else " on up to 64 of them"
-        return _row("GPU fit", f"{asked} does not hold a training step{upto}", *_needs_text(fit, ""))
+        return _row("GPU fit", f"{asked} does not hold a training step{upto}", *_needs_text(fit, ""),
+                    _source(memory))
     if fit["fits"]:
         value = (f"{fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']} {fit['precision']} "
                  f"({units.gb(fit['peakGb'] * 1e9)} peak)")
         if fit["borderline"]:
-            return _row("GPU fit", value, f"borderline: needs {units.gb(fit['needGb'] * 1e9)} with "
-                                          f"x{fit['headroom']:g} headroom")
-        return _row("GPU fit", value)
+            return _row("GPU fit", value, _source(memory), f"borderline: needs {units.gb(fit['needGb'] * 1e9)} "
+                                                            f"with x{fit['headroom']:g} headroom")
+        return _row("GPU fit", value, _source(memory))
     largest = fit["largestGpu"]
     return _row("GPU fit", f"nothing fits: needs {units.gb(fit['needGb'] * 1e9)} at batch 1",
                 f"(peak x{fit['headroom']:g}; the largest card, {largest['gpu']}, has "
-                f"{largest['memoryGb']:g} GB)", *_needs_text(fit, "nor do 64 GPUs: "))
+                f"{largest['memoryGb']:g} GB)", *_needs_text(fit, "nor do 64 GPUs: "), _source(memory))
 
 
 def _gpu_hours(hours: float) -> str:
@@ -327,7 +335,7 @@ def render(plan: Mapping[str, Any]) -> str:
     lines += _row("Runs", "yes, shapes propagate end to end" if run["legal"] else
                   f"no, see Blockers ({len(run['blockers'])})")
     lines += _finetune_rows(plan.get("finetune"))
-    lines += _fit_rows(plan["fit"])
+    lines += _fit_rows(plan["fit"], plan.get("memory"))
     lines += _cost_rows(model, plan["cost"]["training"])
     lines += _serve_rows(model, plan.get("serve"))
     lines += _count_row("Blockers", run["blockers"])

@@ -24,7 +24,7 @@ frozen base: :mod:`neurarch_trace.planner.finetune`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from neurarch_trace.contract import CONV_TYPES  # the layer types whose FLOPs count as convolution work
 from neurarch_trace.planner.gpus import Gpu
@@ -117,16 +117,23 @@ def training_unit(work: Workload) -> Unit:
     return Unit("million-samples", "per million samples", float(SAMPLES_PER_UNIT))
 
 
-def utilisation(layers: list[Any]) -> float:
-    """The MFU to assume for a model whose layer counts (``.node.type``, ``.flops``) are given:
-    :data:`CONV_MFU` when convolutions carry more than half the layer FLOPs (a ViT's single patch
-    embedding does not), else :data:`MFU`."""
+def utilisation(layers: list[Any], flops_by_kind: Any = None) -> float:
+    """The MFU to assume: :data:`CONV_MFU` when convolutions carry more than half the FLOPs (a
+    ViT's single patch embedding does not), else :data:`MFU`. The FLOPs by kind are the tracer's
+    whole-model count per aten operation (``measured.flopsByKind``), the same at any ``--depth``;
+    without them, the layers' counts (``.node.type``, ``.flops``) by layer type."""
+    if isinstance(flops_by_kind, dict):
+        values = {k: v for k, v in flops_by_kind.items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+        total = sum(values.values())
+        if total:
+            return CONV_MFU if values.get("convolution", 0) * 2 > total else MFU
     total = sum(layer.flops for layer in layers if layer.flops)
     conv = sum(layer.flops for layer in layers if layer.flops and layer.node.type in CONV_TYPES)
     return CONV_MFU if total and conv * 2 > total else MFU
 
 
-def training_cost(flops_per_sample: float, unit: Unit, gpu: Optional[Gpu], mfu: float = MFU) -> Optional[TrainingCost]:
+def training_cost(flops_per_sample: float, unit: Unit, gpu: Gpu | None, mfu: float = MFU) -> TrainingCost | None:
     """The cost of one ``unit`` of training on ``gpu``; ``None`` without a card."""
     if gpu is None:
         return None

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from neurarch_trace.contract import Graph, Node
 from neurarch_trace.planner.analysis import Analysis
-from neurarch_trace.planner.cost import Unit, training_cost, utilisation
+from neurarch_trace.planner.cost import Unit, training_cost
 from neurarch_trace.planner.fit import Fit
 
 __all__ = ["diff", "layer_changes"]
@@ -54,8 +54,8 @@ def _delta(base: float, new: float) -> Dict[str, float]:
 def diff(new: Analysis, base: Analysis, fit: Fit, unit: Unit) -> Dict[str, Any]:
     """The ``plan.diff`` object (numbers unrounded; GB are 10^9 bytes, USD per ``unit``)."""
     batch = fit.batch
-    new_cost = training_cost(new.flops_per_sample, unit, fit.gpu, utilisation(new.counts.layers))
-    base_cost = training_cost(base.flops_per_sample, unit, fit.gpu, utilisation(base.counts.layers))
+    new_cost = training_cost(new.flops_per_sample, unit, fit.gpu, new.mfu)
+    base_cost = training_cost(base.flops_per_sample, unit, fit.gpu, base.mfu)
     cost: Optional[Dict[str, Any]] = None
     if new_cost is not None and base_cost is not None:
         cost = {**_delta(base_cost.usd, new_cost.usd), "unit": unit.key, "per": unit.phrase,

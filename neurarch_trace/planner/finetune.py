@@ -56,8 +56,9 @@ from neurarch_trace.planner.memory import (
     MASTER_WEIGHT_BYTES,
     PACKED_BYTES,
     WEIGHT16_BYTES,
+    PhasePeak,
 )
-from neurarch_trace.planner.strategy import ZERO_GRADIENT_BYTES, Activations, States
+from neurarch_trace.planner.strategy import ZERO_GRADIENT_BYTES, Activations, Phase, States
 
 __all__ = [
     "DEFAULT_RANK",
@@ -119,6 +120,9 @@ class Tuning:
     quantized_params: int = 0
     base_bytes: float = 0.0
     note: str | None = None
+    #: the step's other phases (a measured step peaks in the optimizer step at a small batch and in
+    #: the backward at a large one): ``(states, acts)`` each, sized like ``states`` and ``acts``
+    others: tuple[Phase, ...] = ()
 
     @property
     def applied(self) -> bool:
@@ -156,30 +160,51 @@ def adaptable_linears(graph: Graph) -> list[Adapted]:
     return found
 
 
-def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
-    m = a.memory
+def _phase(a: Analysis, blocks: Blocks, phase: PhasePeak) -> Phase:
+    """One phase of the memory model as the strategies divide it: its states by kind (16-bit,
+    frozen and packed weights together; optimizer moments and the step's temporaries together;
+    buffers and other state together) and its bytes per sample. ZeRO keeps gradients in 16 bits
+    where autocast keeps them in fp32 (:data:`ZERO_GRADIENT_BYTES` of :data:`GRADIENT_BYTES`)."""
+    st = phase.state
     states = States(
-        weights=m.weights_bytes, master=m.master_weight_bytes, gradients=m.gradient_bytes,
-        zero_gradients=a.counts.trainable * ZERO_GRADIENT_BYTES, optimizer=m.optimizer_bytes,
-        buffers=m.buffer_bytes, framework=m.framework_bytes,
+        weights=st.get("weights16", 0.0) + st.get("frozenWeights", 0.0),
+        master=st.get("masterWeights", 0.0), gradients=st.get("gradients", 0.0),
+        zero_gradients=st.get("gradients", 0.0) * ZERO_GRADIENT_BYTES / GRADIENT_BYTES,
+        optimizer=st.get("optimizerMoments", 0.0) + st.get("optimizerTemporaries", 0.0),
+        buffers=st.get("buffers", 0.0) + st.get("other", 0.0), framework=st.get("framework", 0.0),
         gather=blocks.largest_layer_params * (WEIGHT16_BYTES + ZERO_GRADIENT_BYTES),
     )
+    return states, _activations(a, blocks, 0.0, phase.per_sample_bytes)
+
+
+def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
+    """Full training: the memory model's phases, the one largest at batch 1 first."""
+    main = a.memory.peak(1)
+    states, acts = _phase(a, blocks, main)
+    others = tuple(_phase(a, blocks, p) for p in a.memory.phases if p is not main)
     f = a.flops_per_sample
-    return Tuning("full", asked, None, states, _activations(a, blocks, 0.0), BACKWARD_FACTOR * f,
-                  (BACKWARD_FACTOR + 1) * f, a.counts.trainable, note=note)
+    return Tuning("full", asked, None, states, acts, BACKWARD_FACTOR * f,
+                  (BACKWARD_FACTOR + 1) * f, a.counts.trainable, note=note, others=others)
 
 
-def _activations(a: Analysis, blocks: Blocks, extra: float) -> Activations:
-    plain = a.memory.per_sample_bytes + extra
+def _activations(a: Analysis, blocks: Blocks, extra: float, plain: float | None = None) -> Activations:
+    """Bytes per sample (``plain``: the memory model's largest phase, by default) plus ``extra``,
+    and with activation checkpointing what leaves the blocks instead of what they keep."""
+    plain = (max(p.per_sample_bytes for p in a.memory.phases) if plain is None else plain) + extra
     saving = blocks.checkpoint_saving * a.work.scale
-    return Activations(plain, plain - saving if saving > 0 else None)
+    return Activations(plain, max(plain - saving, 0.0) if saving > 0 else None)
+
+
+def _state(a: Analysis, kind: str) -> float:
+    """The largest bytes of one state kind over the memory model's phases."""
+    return max(p.state.get(kind, 0.0) for p in a.memory.phases)
 
 
 def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_RANK) -> Tuning:
     """The step of ``mode`` (``full``, ``lora`` or ``qlora``) at LoRA rank ``rank``."""
     if mode == "full":
         return _full(a, blocks, "full", None)
-    adapted = adaptable_linears(a.graph)
+    adapted = adaptable_linears(a.structure)
     if not adapted:
         name = "QLoRA" if mode == "qlora" else "LoRA"
         return _full(a, blocks, mode, f"{name} needs linear layers to adapt and this model has none "
@@ -195,7 +220,8 @@ def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_
     states = States(
         weights=base + trainable * WEIGHT16_BYTES, master=trainable * MASTER_WEIGHT_BYTES,
         gradients=trainable * GRADIENT_BYTES, zero_gradients=trainable * ZERO_GRADIENT_BYTES,
-        optimizer=trainable * ADAMW_BYTES, buffers=a.memory.buffer_bytes, framework=a.memory.framework_bytes,
+        optimizer=trainable * ADAMW_BYTES, buffers=_state(a, "buffers") + _state(a, "other"),
+        framework=_state(a, "framework"),
         gather=blocks.largest_layer_params * FROZEN_BYTES, extra=largest_q * WEIGHT16_BYTES,
     )
     f = a.flops_per_sample

@@ -16,7 +16,9 @@ pass), then the fewest GPUs, then the lowest hourly price, then the strategy ord
 communication first). At the stated utilisation (:mod:`neurarch_trace.planner.cost`) GPU-hours do
 not grow with N, so a cluster of one kind never costs less per unit than one card of that kind;
 a cluster replaces a one-card plan only when it costs less both per hour and per unit (a cheaper
-kind in numbers). For one kind of card asked for by name (the request's ``gpu``), the question is
+kind in numbers). LoRA and QLoRA fine-tuning exist to need fewer GPUs: when no card holds their
+step as it is, one card with activation checkpointing (the cheapest per unit) comes before any
+cluster. For one kind of card asked for by name (the request's ``gpu``), the question is
 whether the user's card holds it: the fewest GPUs win, then the cheapest per unit (no
 checkpointing before checkpointing), then the strategy order. Nothing holding on up to 64 GPUs,
 :func:`smallest_cluster` says how many of the largest card ZeRO-3 with checkpointing would take.
@@ -31,7 +33,7 @@ from typing import Callable
 
 from neurarch_trace.planner.gpus import MAX_GPUS, Gpu, GpuTable, gpu_table
 from neurarch_trace.planner.memory import MemoryModel
-from neurarch_trace.planner.strategy import Activations, Setup, States, footprint, strategy_options
+from neurarch_trace.planner.strategy import Activations, Phase, Setup, States, footprint, strategy_options
 
 __all__ = ["CardFit", "Choice", "Fit", "GPU_COUNTS", "MAX_BATCH", "choose", "fit", "largest_batch",
            "smallest_cluster"]
@@ -130,15 +132,16 @@ class Choice:
 
 
 def largest_batch(setup: Setup, gpu: Gpu, headroom: float) -> int:
-    """The largest power-of-two batch per GPU, up to :data:`MAX_BATCH`, whose need fits ``gpu``;
-    0 when not even one sample does."""
+    """The largest power-of-two batch per GPU, up to :data:`MAX_BATCH`, whose need fits ``gpu``
+    in every phase of the step; 0 when not even one sample does."""
     if setup.peak_bytes(1) * headroom > gpu.memory_bytes:
         return 0
-    if setup.per_sample_bytes <= 0:
-        return MAX_BATCH
-    room = (gpu.memory_bytes / headroom - setup.static_bytes) / setup.per_sample_bytes
+    room = float(MAX_BATCH)
+    for static, per_sample in setup.lines:
+        if per_sample > 0:
+            room = min(room, (gpu.memory_bytes / headroom - static) / per_sample)
     batch = 1
-    while batch * 2 <= min(room, MAX_BATCH):
+    while batch * 2 <= room:
         batch *= 2
     while batch > 1 and setup.peak_bytes(batch) * headroom > gpu.memory_bytes:  # float edge
         batch //= 2
@@ -156,12 +159,13 @@ def _choice(gpu: Gpu, setup: Setup, table: GpuTable, flops: Callable[[bool], flo
 
 
 def _candidates(states: States, acts: Activations, cards: Iterable[Gpu], table: GpuTable,
-                flops: Callable[[bool], float], counts: Sequence[int]) -> list[tuple[tuple, Choice]]:
+                flops: Callable[[bool], float], counts: Sequence[int],
+                others: tuple[Phase, ...]) -> list[tuple[tuple, Choice]]:
     found = []
     for gpu in cards:
         for n in counts:
             for order, (strategy, checkpoint) in enumerate(strategy_options(n, acts.checkpointed is not None)):
-                choice = _choice(gpu, footprint(states, acts, strategy, n, checkpoint), table, flops)
+                choice = _choice(gpu, footprint(states, acts, strategy, n, checkpoint, others), table, flops)
                 if choice is not None:
                     found.append(((choice.unit_price, n, choice.hourly or 0.0, order), choice))
                     break  # the first strategy that holds is preferred on this cluster
@@ -169,22 +173,29 @@ def _candidates(states: States, acts: Activations, cards: Iterable[Gpu], table: 
 
 
 def choose(states: States, acts: Activations, flops: Callable[[bool], float], cards: Sequence[Gpu],
-           table: GpuTable | None = None, gpus: int | None = None, fewest: bool = False) -> Choice | None:
-    """The training setup for ``states`` and ``acts`` over ``cards`` (cheapest per hour first),
-    by the rule of this module; ``flops(checkpoint)`` gives the training FLOPs per sample;
+           table: GpuTable | None = None, gpus: int | None = None, fewest: bool = False,
+           others: tuple[Phase, ...] = (), one_card: bool = False) -> Choice | None:
+    """The training setup for ``states`` and ``acts`` (and the step's ``others`` phases) over
+    ``cards`` (cheapest per hour first), by the rule of this module; ``flops(checkpoint)`` gives
+    the training FLOPs per sample;
     ``gpus`` fixes the cluster size; ``fewest`` ranks the fewest GPUs first (a card asked for by
-    name). ``None`` when nothing holds batch 1 on up to 64 GPUs."""
+    name); ``one_card`` (LoRA and QLoRA) takes one card with checkpointing, the cheapest per unit,
+    before any cluster when no card holds the step without it. ``None`` when nothing holds batch
+    1 on up to 64 GPUs."""
     table = table or gpu_table()
     single = None
     if gpus in (None, 1):
         for gpu in cards:
-            single = _choice(gpu, footprint(states, acts, "single", 1), table, flops)
+            single = _choice(gpu, footprint(states, acts, "single", 1, others=others), table, flops)
             if single is not None:
                 break
     counts = (gpus,) if gpus is not None else GPU_COUNTS
-    found = _candidates(states, acts, cards, table, flops, counts)
+    found = _candidates(states, acts, cards, table, flops, counts, others)
     if fewest and found:
         return min(found, key=lambda item: (item[0][1], item[0][0], item[0][3]))[1]
+    alone = [item for item in found if item[1].gpus == 1]
+    if one_card and single is None and alone:
+        return min(alone, key=lambda item: item[0])[1]
     if not found:
         return single
     # options were tried without checkpointing first; rank all of them by the rule
@@ -196,21 +207,22 @@ def choose(states: States, acts: Activations, flops: Callable[[bool], float], ca
     return best if cheaper else single
 
 
-def smallest_cluster(states: States, acts: Activations, gpu: Gpu,
-                     table: GpuTable | None = None) -> tuple[int | None, Setup]:
+def smallest_cluster(states: States, acts: Activations, gpu: Gpu, table: GpuTable | None = None,
+                     others: tuple[Phase, ...] = ()) -> tuple[int | None, Setup]:
     """How many ``gpu`` cards ZeRO-3 (with checkpointing when the model has blocks) would need to
     hold one sample per GPU, and that setup; ``(None, setup at 64)`` when no number would: what
     is not divided (buffers, framework, the gathered layer, one sample's activations) alone
     exceeds one card."""
     table = table or gpu_table()
     checkpoint = acts.checkpointed is not None
-    probe = footprint(states, acts, "zero3", MAX_GPUS, checkpoint)
+    probe = footprint(states, acts, "zero3", MAX_GPUS, checkpoint, others)
     divided = states.zero_states
-    fixed = probe.static_bytes - divided / MAX_GPUS + probe.per_sample_bytes
+    static, per_sample = probe.line(1)
+    fixed = static - divided / MAX_GPUS + per_sample
     room = gpu.memory_bytes / table.headroom - fixed
     if room <= 0:
         return None, probe
     n = max(2, math.ceil(divided / room))
-    while footprint(states, acts, "zero3", n, checkpoint).peak_bytes(1) * table.headroom > gpu.memory_bytes:
+    while footprint(states, acts, "zero3", n, checkpoint, others).peak_bytes(1) * table.headroom > gpu.memory_bytes:
         n += 1  # float edge
-    return n, footprint(states, acts, "zero3", n, checkpoint)
+    return n, footprint(states, acts, "zero3", n, checkpoint, others)

@@ -1,37 +1,46 @@
 """The GPU memory one training step needs: mixed precision (fp16 or bf16 autocast) with AdamW.
 
-The peak is linear in the batch::
+The memory model is a list of *phase peaks*, each a line in the batch::
 
-    peak(batch) = static + batch x per_sample
+    peak(batch) = max over phase peaks p of (p.state + batch x p.per_sample)
 
-    static     = trainable params x (WEIGHT16 + MASTER + GRADIENT + ADAMW)    2 + 4 + 4 + 8 = 18 bytes
-               + frozen params x WEIGHT16 + packed quantized weights x PACKED
-               + buffers (measured bytes, or BatchNorm running statistics)
-               + FRAMEWORK_ALLOWANCE
-    per_sample = sum over every layer (and input) of its output elements x bytes per element,
+A phase peak (:class:`PhasePeak`) holds its state bytes by kind (:data:`STATE_KINDS`: 16-bit weight
+copies, fp32 master weights, frozen weights, gradients, optimizer moments, optimizer temporaries,
+buffers, other, framework) and its per-sample bytes by kind (:data:`SAMPLE_KINDS`: the batch, the
+activations, eager attention scores, the loss, backward transients), so that a strategy can divide
+the state by the number of GPUs or the activations by a recomputation factor.
+
+**Measured** (``source == "measured"``): the graph carries ``measured.training``, the tracer's
+rehearsal of a real step (``docs/measured.md``): forward, loss, backward and ``AdamW.step()`` with
+CUDA's autocast policy, fused attention and bool dropout masks, every storage followed. Its phase
+peaks are used as they are, with the part of the per-sample bytes that grows with the sequence
+length squared scaled by ``(seq_len / L0)^2`` and the rest by ``seq_len / L0``, and with eager
+attention's score matrices added (measured per attention call) when ``attention == "eager"``.
+
+**Estimated** (``source == "estimated"``, a graph without that measurement): one line::
+
+    state      = trainable params x (WEIGHT16 + MASTER + GRADIENT + ADAMW)    2 + 4 + 4 + 8 = 18 bytes
+               + frozen params x WEIGHT16 + packed quantized weights x PACKED + buffers
+    per_sample = every layer's (and input's) output elements x bytes per element,
                  scaled by seq_len / traced tokens for a resized token model,
-               + the model's primary output x LOSS (the loss runs in float32),
-               + with eager attention, heads x L x L x EAGER_SCORE per attention-typed layer.
+               + the primary output x LOSS (the loss runs in float32),
+               + with eager attention, heads x L x L x EAGER_SCORE per attention-typed layer,
 
-Bytes are bytes; GB in the plan are 10^9 bytes, as the GPU table's capacities. What the model
-ignores, each an approximation in one direction or the other:
+which ignores in-place sharing (over), dropout masks, pooling indices and float32 autocast outputs
+(under), and the optimizer step's temporaries.
 
-* every layer's output is taken as kept for backward once: in-place activations (which share
-  their input's storage) and views are counted again (over), while extra saved tensors are not
-  counted (under): dropout masks, max-pool indices, normalisation statistics, the inputs of
-  functional code between layers;
-* autocast runs some ops in float32 (softmax, layer_norm): their outputs are counted at 16 bits
-  (under), except the loss, which is counted (:data:`LOSS_BYTES`);
-* transient memory (the gradient of the activation being back-propagated, cuDNN workspaces) is
-  not modelled beyond the fixed allowance; the GPU table's 1.15
-  headroom (``gpus.json``) covers it and allocator fragmentation;
-* no activation checkpointing, no ZeRO/FSDP sharding, one GPU.
+Both add :data:`FRAMEWORK_ALLOWANCE_BYTES` for the CUDA context, which no rehearsal sees. Bytes are
+bytes; GB in the plan are 10^9 bytes, as the GPU table's capacities. Not modelled: allocator
+fragmentation and rounding, cuDNN/cuBLAS workspaces (the GPU table's 1.15 headroom covers them),
+activation checkpointing, ZeRO/FSDP sharding; one GPU.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from neurarch_trace.contract import ATTENTION_TYPES, Graph, Node, numel, parse_shape
 from neurarch_trace.planner.counts import Counts
@@ -44,13 +53,16 @@ __all__ = [
     "EAGER_SCORE_BYTES",
     "FRAMEWORK_ALLOWANCE_BYTES",
     "FROZEN_BYTES",
+    "GRADIENT_BYTES",
     "INPUT_FLOAT_BYTES",
     "INPUT_TOKEN_BYTES",
     "LOSS_BYTES",
-    "GRADIENT_BYTES",
     "MASTER_WEIGHT_BYTES",
     "MemoryModel",
     "PACKED_BYTES",
+    "PhasePeak",
+    "SAMPLE_KINDS",
+    "STATE_KINDS",
     "WEIGHT16_BYTES",
     "memory_model",
 ]
@@ -68,8 +80,7 @@ GRADIENT_BYTES = 4
 #: AdamW's two fp32 moments (exp_avg and exp_avg_sq in torch.optim.AdamW; Loshchilov & Hutter 2019).
 ADAMW_BYTES = 8
 #: A frozen parameter needs no master copy, gradient or optimizer state: only its 16-bit weights,
-#: 2 bytes, as ZeRO (Rajbhandari et al. 2020, section 3.1) counts them (frozen weights left in
-#: fp32 under plain autocast would take 4 + 2).
+#: 2 bytes, as ZeRO (Rajbhandari et al. 2020, section 3.1) counts them.
 FROZEN_BYTES = 2
 #: Elements of quantized packed weights: int8, 1 byte (torch.ao packed linear/conv params).
 PACKED_BYTES = 1
@@ -79,16 +90,12 @@ ACTIVATION_BYTES = 2
 #: The training batch as the data loader hands it over: float32 images/features, int64 token ids.
 INPUT_FLOAT_BYTES = 4
 INPUT_TOKEN_BYTES = 8
-#: Eager attention keeps the softmax output (heads x L x L) in 16 bits for the backward of the
-#: softmax and of scores x V. Korthikanti et al. 2022, section 4.1, count 5 bytes per score when
-#: attention dropout is on (its 1-byte mask and 2-byte output); SDPA and flash kernels keep only
-#: O(L) statistics and recompute the scores.
+#: Eager attention keeps the softmax output (heads x L x L) in 16 bits for the backward (the
+#: estimate only; a measured graph measures it per attention call).
 EAGER_SCORE_BYTES = 2
-#: The loss on the model's primary output runs in float32: transformers' ForCausalLMLoss upcasts the
-#: logits (``logits.float()``, transformers/loss/loss_utils.py) and autocast runs log_softmax and
-#: nll_loss in float32 (PyTorch's autocast op reference, "CUDA Ops that can autocast to float32");
-#: cross-entropy keeps the fp32 log-probabilities for its backward. 4 + 4 bytes per output element:
-#: for a language model's logits (vocabulary-sized per token) this is often the largest activation.
+#: The loss on the model's primary output runs in float32 (``logits.float()`` in transformers'
+#: losses; log_softmax and nll_loss are on autocast's fp32 list): 4 + 4 bytes per output element
+#: in the estimate (a measured graph measures the loss and its backward).
 LOSS_BYTES = 8
 #: CUDA context, loaded kernels and library handles, present before the first tensor: Hugging
 #: Face's "Model training anatomy" measured 1,343 MiB (1.41 GB) on a V100 with CUDA 11.2, which
@@ -96,8 +103,17 @@ LOSS_BYTES = 8
 #: loads only the kernels used, so a round 1 GB is allowed.
 FRAMEWORK_ALLOWANCE_BYTES = 1_000_000_000
 
+#: Kinds of batch-independent bytes, and of bytes per sample (``measured.training`` uses the same
+#: names, plus ``framework`` and ``attentionScores`` which only the plan adds).
+STATE_KINDS = ("weights16", "masterWeights", "frozenWeights", "gradients", "optimizerMoments",
+               "optimizerTemporaries", "buffers", "other", "framework")
+SAMPLE_KINDS = ("inputs", "activations", "attentionScores", "loss", "backward")
+#: Bounds on what a ``measured.training`` object from an untrusted graph may say.
+_MAX_BYTES = 1e18
+_MAX_PEAKS = 64
+
 #: Bytes per element of the dtypes the tracer writes in ``measured.outputDtype``.
-DTYPE_BYTES: Dict[str, int] = {
+DTYPE_BYTES: dict[str, int] = {
     "float64": 8, "double": 8, "float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
     "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "short": 2, "int8": 1, "uint8": 1,
     "bool": 1, "complex64": 8, "complex128": 16,
@@ -105,60 +121,168 @@ DTYPE_BYTES: Dict[str, int] = {
 _FLOAT_DTYPES = frozenset({"float64", "double", "float32", "float", "float16", "half", "bfloat16"})
 
 
-@dataclass
-class MemoryModel:
-    """``static_bytes`` (independent of the batch) by part, and ``per_sample_bytes`` (activations
-    of one sample) by part. All bytes."""
+@dataclass(frozen=True)
+class PhasePeak:
+    """One line of the peak: ``state`` bytes by kind (framework included) and ``per_sample``
+    bytes by kind, at the planned sequence length."""
 
-    weights_bytes: int
-    master_weight_bytes: int
-    gradient_bytes: int
-    optimizer_bytes: int
-    buffer_bytes: int
-    framework_bytes: int
-    activation_bytes_per_sample: float
-    attention_bytes_per_sample: float
-    loss_bytes_per_sample: float = 0.0
-    layers_without_shape: List[str] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)
+    phase: str
+    state: Mapping[str, float]
+    per_sample: Mapping[str, float]
 
     @property
-    def static_bytes(self) -> int:
-        return (self.weights_bytes + self.master_weight_bytes + self.gradient_bytes
-                + self.optimizer_bytes + self.buffer_bytes + self.framework_bytes)
+    def state_bytes(self) -> float:
+        return sum(self.state.values())
 
     @property
     def per_sample_bytes(self) -> float:
-        return self.activation_bytes_per_sample + self.attention_bytes_per_sample + self.loss_bytes_per_sample
+        return sum(self.per_sample.values())
+
+    def bytes(self, batch: int) -> float:
+        return self.state_bytes + batch * self.per_sample_bytes
+
+
+@dataclass
+class MemoryModel:
+    """The phase peaks of a training step; ``source`` is ``"measured"`` or ``"estimated"`` and
+    ``reason`` says why a graph was estimated (``None`` when measured)."""
+
+    source: str
+    phases: list[PhasePeak]
+    reason: str | None = None
+    layers_without_shape: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def peak(self, batch: int) -> PhasePeak:
+        """The phase peak that is largest at ``batch``."""
+        return max(self.phases, key=lambda p: p.bytes(batch))
 
     def peak_bytes(self, batch: int) -> float:
         """Training peak at ``batch`` samples, before any headroom."""
-        return self.static_bytes + batch * self.per_sample_bytes
+        return self.peak(batch).bytes(batch)
+
+    def static_bytes(self, batch: int) -> float:
+        """The batch-independent part of the peak at ``batch``."""
+        return self.peak(batch).state_bytes
+
+    def per_sample_bytes(self, batch: int) -> float:
+        """Bytes per sample of the peak at ``batch``."""
+        return self.peak(batch).per_sample_bytes
 
     def activation_bytes(self, batch: int) -> float:
-        """The part of the peak that scales with the batch."""
-        return batch * self.per_sample_bytes
+        """The part of the peak at ``batch`` that scales with the batch."""
+        return batch * self.per_sample_bytes(batch)
 
-    def breakdown(self, batch: int) -> Dict[str, float]:
+    def breakdown(self, batch: int) -> dict[str, float]:
         """Every part of the peak at ``batch``, in GB (10^9 bytes)."""
+        p = self.peak(batch)
+        s, a = p.state, p.per_sample
         return {
-            "weightsGb": self.weights_bytes / 1e9,
-            "masterWeightsGb": self.master_weight_bytes / 1e9,
-            "gradientsGb": self.gradient_bytes / 1e9,
-            "optimizerGb": self.optimizer_bytes / 1e9,
-            "buffersGb": self.buffer_bytes / 1e9,
-            "frameworkGb": self.framework_bytes / 1e9,
-            "layerActivationsGb": batch * self.activation_bytes_per_sample / 1e9,
-            "attentionScoresGb": batch * self.attention_bytes_per_sample / 1e9,
-            "lossGb": batch * self.loss_bytes_per_sample / 1e9,
+            "weightsGb": (s.get("weights16", 0) + s.get("frozenWeights", 0)) / 1e9,
+            "masterWeightsGb": s.get("masterWeights", 0) / 1e9,
+            "gradientsGb": s.get("gradients", 0) / 1e9,
+            "optimizerGb": s.get("optimizerMoments", 0) / 1e9,
+            "optimizerTemporariesGb": s.get("optimizerTemporaries", 0) / 1e9,
+            "buffersGb": s.get("buffers", 0) / 1e9,
+            "otherGb": s.get("other", 0) / 1e9,
+            "frameworkGb": s.get("framework", 0) / 1e9,
+            "inputsGb": batch * a.get("inputs", 0) / 1e9,
+            "layerActivationsGb": batch * a.get("activations", 0) / 1e9,
+            "attentionScoresGb": batch * a.get("attentionScores", 0) / 1e9,
+            "lossGb": batch * a.get("loss", 0) / 1e9,
+            "backwardGb": batch * a.get("backward", 0) / 1e9,
+        }
+
+    def as_plan(self, batch: int) -> dict[str, Any]:
+        """The plan's ``memory`` object at ``batch``: where the numbers come from and every phase
+        peak (GB)."""
+        return {
+            "source": self.source,
+            "reason": self.reason,
+            "peakPhase": self.peak(batch).phase,
+            "phases": [
+                {"phase": p.phase, "stateGb": {k: v / 1e9 for k, v in p.state.items() if v},
+                 "perSampleGb": {k: v / 1e9 for k, v in p.per_sample.items() if v},
+                 "peakGb": p.bytes(batch) / 1e9}
+                for p in self.phases
+            ],
         }
 
 
-def _dtype(value: Any) -> Optional[str]:
+# --- measured ------------------------------------------------------------------------------------
+
+
+def _bytes_map(value: Any, kinds: tuple[str, ...]) -> dict[str, float] | None:
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, float] = {}
+    for kind, n in value.items():
+        if kind not in kinds or isinstance(n, bool) or not isinstance(n, (int, float)):
+            return None
+        if not math.isfinite(n) or not 0 <= n <= _MAX_BYTES:
+            return None
+        out[kind] = float(n)
+    return out
+
+
+def _measured_phase(raw: Any, scale: float, eager: tuple[float, float]) -> PhasePeak | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("phase"), str):
+        return None
+    state = _bytes_map(raw.get("stateBytes", {}), STATE_KINDS)
+    per_sample = _bytes_map(raw.get("perSampleBytes", {}), SAMPLE_KINDS)
+    squared = _bytes_map(raw.get("seqSquaredBytes", {}), SAMPLE_KINDS)
+    if state is None or per_sample is None or squared is None:
+        return None
+    sized: dict[str, float] = {}
+    for kind, n in per_sample.items():
+        sq = min(squared.get(kind, 0.0), n)
+        sized[kind] = (n - sq) * scale + sq * scale * scale
+    scores, fused = eager
+    if (scores or fused) and raw["phase"] in ("forward", "loss", "backward"):
+        # eager keeps the score matrices (queries x keys) instead of the fused kernel's output and
+        # log-sum-exp (queries): sized for the planned length, each by its own power
+        sized["attentionScores"] = scores * scale * scale - fused * scale
+    state["framework"] = float(FRAMEWORK_ALLOWANCE_BYTES)
+    return PhasePeak(raw["phase"], state, sized)
+
+
+def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[MemoryModel | None, str]:
+    """The measured model, or ``None`` and the reason it cannot be used."""
+    training = graph.measured.get("training")
+    if not isinstance(training, dict):
+        return None, "the graph has no measured training step (traced by an older tool, or without one)"
+    if isinstance(training.get("error"), str):
+        return None, f"the training step was not rehearsed: {training['error']}"
+    peaks = training.get("peaks")
+    if not isinstance(peaks, list) or not 0 < len(peaks) <= _MAX_PEAKS:
+        return None, "measured.training.peaks is missing or malformed"
+    eager = (0.0, 0.0)
+    notes: list[str] = []
+    if attention == "eager":
+        att = training.get("attention")
+        att = att if isinstance(att, dict) else {}
+        parts = _bytes_map({k: att[k] for k in ("eagerScoreBytesPerSample", "fusedKeptBytesPerSample") if k in att},
+                           ("eagerScoreBytesPerSample", "fusedKeptBytesPerSample"))
+        if parts:
+            eager = (parts.get("eagerScoreBytesPerSample", 0.0), parts.get("fusedKeptBytesPerSample", 0.0))
+        calls = att.get("sdpaCalls")
+        if not calls:
+            notes.append("eager attention asked for, but the model calls no scaled_dot_product_attention: "
+                         "attention it computes itself was measured as it runs")
+    phases = [_measured_phase(raw, work.scale, eager) for raw in peaks]
+    if any(p is None for p in phases):
+        return None, "measured.training.peaks is malformed"
+    return MemoryModel("measured", [p for p in phases if p is not None], notes=notes), ""
+
+
+# --- estimated -----------------------------------------------------------------------------------
+
+
+def _dtype(value: Any) -> str | None:
     return value.rsplit(".", 1)[-1].lower() if isinstance(value, str) else None
 
 
-def _output_elements(node: Node) -> Optional[int]:
+def _output_elements(node: Node) -> int | None:
     """Elements of every tensor output per sample: ``measured.outputShapes`` when recorded, else
     the primary ``outputShape``."""
     shapes = node.measured.get("outputShapes")
@@ -193,11 +317,9 @@ def _score_elements(node: Node) -> int:
     return heads * tokens * tokens
 
 
-def memory_model(graph: Graph, counts: Counts, work: Workload, attention: Optional[str]) -> MemoryModel:
-    """The memory model of ``graph``; ``attention`` is ``eager``, ``sdpa``, ``flash`` or ``None``
-    (taken as SDPA, PyTorch's and Hugging Face's default)."""
+def _estimated(graph: Graph, counts: Counts, work: Workload, attention: str | None, reason: str) -> MemoryModel:
     activations = 0
-    missing: List[str] = []
+    missing: list[str] = []
     for node in graph.nodes:
         if node.type == "output":
             continue
@@ -210,23 +332,36 @@ def memory_model(graph: Graph, counts: Counts, work: Workload, attention: Option
     primary = outputs[0].input_shape if outputs else None
     loss = numel(primary) * LOSS_BYTES if primary is not None else 0
     scores = 0
-    notes: List[str] = []
+    notes: list[str] = []
     if attention == "eager":
         attention_layers = [n for n in graph.nodes if n.type in ATTENTION_TYPES]
         scores = sum(_score_elements(n) for n in attention_layers) * EAGER_SCORE_BYTES
         if not attention_layers:
             notes.append("eager attention asked for, but no layer is typed as attention: score matrices "
                          "computed in functional code (as Hugging Face models do) are not counted")
-    return MemoryModel(
-        weights_bytes=counts.trainable * WEIGHT16_BYTES + counts.frozen * FROZEN_BYTES + counts.packed * PACKED_BYTES,
-        master_weight_bytes=counts.trainable * MASTER_WEIGHT_BYTES,
-        gradient_bytes=counts.trainable * GRADIENT_BYTES,
-        optimizer_bytes=counts.trainable * ADAMW_BYTES,
-        buffer_bytes=counts.buffer_bytes,
-        framework_bytes=FRAMEWORK_ALLOWANCE_BYTES,
-        activation_bytes_per_sample=activations * work.scale,
-        attention_bytes_per_sample=scores * work.scale * work.scale,
-        loss_bytes_per_sample=loss * work.scale,
-        layers_without_shape=missing,
-        notes=notes,
-    )
+    state = {
+        "weights16": float(counts.trainable * WEIGHT16_BYTES + counts.frozen * FROZEN_BYTES
+                           + counts.packed * PACKED_BYTES),
+        "masterWeights": float(counts.trainable * MASTER_WEIGHT_BYTES),
+        "gradients": float(counts.trainable * GRADIENT_BYTES),
+        "optimizerMoments": float(counts.trainable * ADAMW_BYTES),
+        "buffers": float(counts.buffer_bytes),
+        "framework": float(FRAMEWORK_ALLOWANCE_BYTES),
+    }
+    per_sample = {
+        "activations": activations * work.scale,
+        "attentionScores": scores * work.scale * work.scale,
+        "loss": loss * work.scale,
+    }
+    return MemoryModel("estimated", [PhasePeak("step", state, per_sample)], reason=reason,
+                       layers_without_shape=missing, notes=notes)
+
+
+def memory_model(graph: Graph, counts: Counts, work: Workload, attention: str | None) -> MemoryModel:
+    """The memory model of ``graph``: measured when the graph carries a rehearsed training step,
+    estimated otherwise. ``attention`` is ``eager``, ``sdpa``, ``flash`` or ``None`` (taken as SDPA,
+    PyTorch's and Hugging Face's default)."""
+    model, reason = _measured(graph, work, attention)
+    if model is not None:
+        return model
+    return _estimated(graph, counts, work, attention, reason)

@@ -158,7 +158,7 @@ def default_context(a: Analysis) -> int | None:
     model that does not take tokens."""
     if a.work.kind != "tokens":
         return None
-    for node in a.graph.layers:
+    for node in a.structure.layers:
         leaf = _leaf(node)
         if node.type == "embedding" and (leaf == "wpe" or "position" in leaf):
             table = size(node.params, "vocabSize")
@@ -170,10 +170,10 @@ def default_context(a: Analysis) -> int | None:
 def weight_bytes(a: Analysis, precision: str) -> float:
     """Weights in ``precision`` (``bf16``, ``int8`` or ``int4``), plus buffers, in bytes."""
     c = a.counts
-    base = c.params * WEIGHT16_BYTES + c.packed * PACKED_BYTES + a.memory.buffer_bytes
+    base = c.params * WEIGHT16_BYTES + c.packed * PACKED_BYTES + c.buffer_bytes
     if precision == "bf16":
         return base
-    owned = [x for x in adaptable_linears(a.graph) if x.owns_params]
+    owned = [x for x in adaptable_linears(a.structure) if x.owns_params]
     weights = sum(x.in_features * x.out_features for x in owned)
     if precision == "int8":
         return base - weights * WEIGHT16_BYTES + weights + sum(x.out_features for x in owned) * INT8_ROW_SCALE_BYTES
@@ -184,7 +184,7 @@ def step_bytes(a: Analysis, cached: bool, context: int | None) -> float:
     """Activations of one step of one sequence, in bytes: a decode step (one token) when
     ``cached``; else one forward, at ``context`` tokens for a token model, per sample otherwise."""
     largest = 0
-    for node in a.graph.layers:
+    for node in a.structure.layers:
         elements = (numel(node.input_shape) if node.input_shape else 0) + (
             numel(node.output_shape) if node.output_shape else 0)
         largest = max(largest, elements)
@@ -231,7 +231,7 @@ def serve(a: Analysis, cards: Sequence[Gpu], table: GpuTable, precision: str = "
     """The serving setup of ``a`` in ``precision`` at ``context`` tokens (default
     :func:`default_context`) holding at least ``batch`` sequences, over ``cards`` (cheapest per
     hour first); ``gpus`` fixes the number of GPUs."""
-    layout = kv_layout(a.graph) if a.work.kind == "tokens" else KvLayout()
+    layout = kv_layout(a.structure) if a.work.kind == "tokens" else KvLayout()
     context = context if context is not None else default_context(a)
     cached = layout.layers > 0
     kv_per_seq = layout.bytes_per_token() * (context or 0) if cached else 0.0

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from neurarch_trace.planner.analysis import Analysis
 from neurarch_trace.planner.blocks import Blocks, find_blocks
-from neurarch_trace.planner.cost import ClusterCost, cluster_cost, training_unit, utilisation
+from neurarch_trace.planner.cost import ClusterCost, cluster_cost, training_unit
 from neurarch_trace.planner.finetune import DEFAULT_RANK, MODES, Tuning, tuning
 from neurarch_trace.planner.fit import Choice, choose, largest_batch, smallest_cluster
 from neurarch_trace.planner.gpus import Gpu, GpuRequest, GpuTable, gpu_table, parse_gpu
@@ -113,12 +113,13 @@ class Sizing:
 def sizing(a: Analysis, options: Options, table: GpuTable | None = None) -> Sizing:
     """Size ``a`` for ``options``."""
     table = table or gpu_table()
-    blocks = find_blocks(a.graph, a.counts)
+    blocks = find_blocks(a.structure, a.structure_counts)
     step = tuning(a, blocks, options.finetune, options.rank)
     cards = (options.gpu.gpu,) if options.gpu is not None else table.cards
     fixed = options.gpu.gpus if options.gpu is not None else None
-    choice = choose(step.states, step.acts, step.train_flops, cards, table, fixed, options.gpu is not None)
-    mfu = utilisation(a.counts.layers)
+    choice = choose(step.states, step.acts, step.train_flops, cards, table, fixed, options.gpu is not None,
+                    step.others, one_card=step.mode != "full")
+    mfu = a.mfu
     cost = None
     if choice is not None:
         cost = cluster_cost(choice.train_flops, training_unit(a.work), choice.gpu, choice.gpus, mfu,
@@ -126,11 +127,11 @@ def sizing(a: Analysis, options: Options, table: GpuTable | None = None) -> Sizi
     needs = None
     if choice is None:
         largest = cards[0] if options.gpu is not None else table.largest
-        n, setup = smallest_cluster(step.states, step.acts, largest, table)
+        n, setup = smallest_cluster(step.states, step.acts, largest, table, step.others)
         needs = (n, setup, largest)
     singles = []
     for gpu in cards:
-        setup = footprint(step.states, step.acts, "single", 1)
+        setup = footprint(step.states, step.acts, "single", 1, others=step.others)
         singles.append((gpu, setup, largest_batch(setup, gpu, table.headroom)))
     serves = serve_all(a, cards, table, options.context, fixed)
     notes = [step.note] if step.note else []

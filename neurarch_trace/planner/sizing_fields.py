@@ -74,14 +74,17 @@ def fit_fields(s: Sizing) -> dict[str, Any]:
 
 
 def _breakdown(a: Analysis, s: Sizing, setup: Setup, batch: int) -> dict[str, float]:
-    parts = {_STATE_KEYS[k]: v / 1e9 for k, v in setup.parts.items()}
+    parts = {_STATE_KEYS[k]: v / 1e9 for k, v in setup.at(batch).parts.items()}
     base = a.memory.breakdown(batch)
     for key in ("weightsGb", "masterWeightsGb", "gradientsGb", "optimizerGb"):
         parts.setdefault(key, 0.0)
-    activations = {k: base[k] for k in ("layerActivationsGb", "attentionScoresGb", "lossGb")}
-    if setup.per_sample_bytes != a.memory.per_sample_bytes:
-        others = a.memory.attention_bytes_per_sample + a.memory.loss_bytes_per_sample
-        activations["layerActivationsGb"] = batch * (setup.per_sample_bytes - others) / 1e9
+    per_sample_keys = ("inputsGb", "layerActivationsGb", "attentionScoresGb", "lossGb", "backwardGb")
+    activations = {k: base.get(k, 0.0) for k in per_sample_keys}
+    _, per_sample = setup.line(batch)
+    model_per_sample = a.memory.per_sample_bytes(batch)
+    if per_sample != model_per_sample:  # checkpointing or adapters: the layers' share changes
+        others = sum(v for k, v in activations.items() if k != "layerActivationsGb") * 1e9 / max(batch, 1)
+        activations["layerActivationsGb"] = batch * (per_sample - others) / 1e9
     return {**{k: parts[k] for k in _STATE_KEYS.values() if k in parts}, **activations}
 
 
@@ -134,9 +137,9 @@ def cost_fields(a: Analysis, s: Sizing, attention: str | None, legacy_assumption
     return {
         "batch": batch,
         "peakGb": setup.peak_bytes(batch) / 1e9,
-        "activationGb": batch * setup.per_sample_bytes / 1e9,
-        "staticGb": setup.static_bytes / 1e9,
-        "perSampleGb": setup.per_sample_bytes / 1e9,
+        "activationGb": batch * setup.line(batch)[1] / 1e9,
+        "staticGb": setup.line(batch)[0] / 1e9,
+        "perSampleGb": setup.line(batch)[1] / 1e9,
         "breakdown": _breakdown(a, s, setup, batch),
         "seqLen": a.work.seq_len if a.work.kind == "tokens" else None,
         "attention": attention,

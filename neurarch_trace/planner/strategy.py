@@ -26,6 +26,12 @@ and each strategy uses the one of the engine that runs it:
 
 Every GPU also holds the buffers, a framework allowance (its own CUDA context) and the activations
 of its own micro-batch; with checkpointing, only what leaves each block (:mod:`.blocks`).
+
+A measured step (:mod:`.memory`) peaks in different phases at different batches (the optimizer
+step at a small batch, the backward at a large one), each phase with its own states and bytes per
+sample. A :class:`Setup` therefore holds one line ``static + batch x per_sample`` per phase, and
+its peak at a batch is the largest line there: the main phase's (the one largest at batch 1), and
+the ``others`` given to :func:`footprint`.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "Activations",
+    "Phase",
     "STRATEGIES",
     "Setup",
     "States",
@@ -101,10 +108,28 @@ class Setup:
     static_bytes: float
     per_sample_bytes: float
     parts: dict[str, float]
+    #: the other phases of the step, each as a one-phase setup of the same strategy; this one is
+    #: the main phase (the one largest at batch 1), and ``parts`` describe it
+    others: tuple[Setup, ...] = ()
+
+    def at(self, batch: int) -> Setup:
+        """The one-phase setup of the phase that peaks at ``batch`` (its ``parts`` name its state)."""
+        return max((self, *self.others), key=lambda s: s.static_bytes + batch * s.per_sample_bytes)
+
+    @property
+    def lines(self) -> tuple[tuple[float, float], ...]:
+        """Every phase's ``(static, per_sample)``, the main phase's first."""
+        return tuple((s.static_bytes, s.per_sample_bytes) for s in (self, *self.others))
+
+    def line(self, batch: int) -> tuple[float, float]:
+        """The ``(static, per_sample)`` of the phase that peaks at ``batch``."""
+        phase = self.at(batch)
+        return phase.static_bytes, phase.per_sample_bytes
 
     def peak_bytes(self, batch: int) -> float:
-        """Per-GPU peak at ``batch`` samples per GPU."""
-        return self.static_bytes + batch * self.per_sample_bytes
+        """Per-GPU peak at ``batch`` samples per GPU: the largest phase there."""
+        static, per_sample = self.line(batch)
+        return static + batch * per_sample
 
     @property
     def label(self) -> str:
@@ -134,9 +159,23 @@ def _divided(states: States, strategy: str, n: int) -> dict[str, float]:
     }
 
 
-def footprint(states: States, acts: Activations, strategy: str, gpus: int, checkpoint: bool = False) -> Setup:
-    """The per-GPU memory of ``strategy`` on ``gpus`` GPUs. Raises ``ValueError`` for an unknown
-    strategy, ``single`` on more than one GPU, or checkpointing without blocks."""
+Phase = tuple[States, Activations]
+
+
+def footprint(states: States, acts: Activations, strategy: str, gpus: int, checkpoint: bool = False,
+              others: tuple[Phase, ...] = ()) -> Setup:
+    """The per-GPU memory of ``strategy`` on ``gpus`` GPUs, for the main phase ``(states, acts)``
+    and the step's ``others`` phases. Raises ``ValueError`` for an unknown strategy, ``single`` on
+    more than one GPU, or checkpointing without blocks."""
+    main = _line_setup(states, acts, strategy, gpus, checkpoint)
+    if not others:
+        return main
+    phases = tuple(_line_setup(s, a, strategy, gpus, checkpoint and a.checkpointed is not None) for s, a in others)
+    return Setup(main.strategy, main.checkpoint, main.gpus, main.static_bytes, main.per_sample_bytes, main.parts,
+                 phases)
+
+
+def _line_setup(states: States, acts: Activations, strategy: str, gpus: int, checkpoint: bool) -> Setup:
     if strategy not in STRATEGIES or (strategy == "single") != (gpus == 1) or gpus < 1:
         raise ValueError(f"no strategy {strategy!r} on {gpus} GPUs")
     if checkpoint and acts.checkpointed is None:

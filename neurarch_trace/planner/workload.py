@@ -2,13 +2,17 @@
 
 The kind decides the dataset a training cost is quoted for (:mod:`neurarch_trace.planner.cost`)
 and whether the request's ``seq_len`` applies. A token model traced at ``L0`` tokens and sized at
-``seq_len`` tokens has its per-sample FLOPs and activations scaled by ``seq_len / L0``.
+``seq_len`` tokens has its per-sample FLOPs and activations scaled by ``r = seq_len / L0``; where
+the tracer measured which part grows with the sequence length squared (attention scores:
+``measured.training.flopsSeqSquaredFraction`` for FLOPs, ``seqSquaredBytes`` for memory), that
+part is scaled by ``r^2``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any
 
 from neurarch_trace.contract import Graph, Node, numel, parse_shape
 
@@ -27,23 +31,32 @@ class Workload:
     ``input_shape``: the first input's batchless shape. ``traced_tokens``: tokens per sample as
     traced (token models). ``seq_len``: tokens per sample the plan sizes for (the request's
     ``seq_len`` for a token model, else the traced count; ``None`` for other kinds).
-    ``scale``: ``seq_len / traced_tokens`` (1.0 unless a token model is resized)."""
+    ``scale``: ``seq_len / traced_tokens`` (1.0 unless a token model is resized).
+    ``flops_squared``: the fraction of the traced FLOPs that grows with ``seq_len^2`` (measured;
+    0 when unknown, which scales all FLOPs linearly)."""
 
     kind: str
-    input_shape: Optional[Tuple[int, ...]]
-    traced_tokens: Optional[int] = None
-    seq_len: Optional[int] = None
+    input_shape: tuple[int, ...] | None
+    traced_tokens: int | None = None
+    seq_len: int | None = None
     scale: float = 1.0
-    notes: List[str] = field(default_factory=list)
+    flops_squared: float = 0.0
+    notes: list[str] = field(default_factory=list)
 
     @property
-    def image_px(self) -> Optional[int]:
+    def flops_scale(self) -> float:
+        """Forward FLOPs at ``seq_len`` over FLOPs as traced: ``(1 - q) r + q r^2``."""
+        q = self.flops_squared
+        return (1.0 - q) * self.scale + q * self.scale * self.scale
+
+    @property
+    def image_px(self) -> int | None:
         """The smaller side of an image input in pixels; ``None`` for other kinds."""
         if self.kind != "image" or self.input_shape is None:
             return None
         return min(self.input_shape[1], self.input_shape[2])
 
-    def describe(self) -> Optional[str]:
+    def describe(self) -> str | None:
         """How the card says what FLOPs are quoted at: ``3x224x224`` or ``2048 tokens``."""
         if self.kind == "tokens" and self.seq_len is not None:
             return f"{self.seq_len} tokens"
@@ -52,17 +65,17 @@ class Workload:
         return None
 
 
-def _dtype_name(value: Any) -> Optional[str]:
+def _dtype_name(value: Any) -> str | None:
     if not isinstance(value, str):
         return None
     return value.rsplit(".", 1)[-1].lower()
 
 
-def _first_input(graph: Graph) -> Tuple[Optional[Node], Optional[Tuple[int, ...]], Optional[str]]:
+def _first_input(graph: Graph) -> tuple[Node | None, tuple[int, ...] | None, str | None]:
     """The first input node, its batchless shape and its dtype, from whichever field has them."""
     node = graph.inputs[0] if graph.inputs else None
-    shape: Optional[Tuple[int, ...]] = None
-    dtype: Optional[str] = None
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
     if node is not None:
         shape = node.output_shape or parse_shape(node.params.get("shape"))[0]
         dtype = _dtype_name(node.measured.get("outputDtype") or node.measured.get("dtype"))
@@ -77,7 +90,25 @@ def _first_input(graph: Graph) -> Tuple[Optional[Node], Optional[Tuple[int, ...]
     return node, shape, dtype
 
 
-def workload(graph: Graph, seq_len: Optional[int] = None) -> Workload:
+def _training(graph: Graph) -> dict:
+    training = graph.measured.get("training")
+    return training if isinstance(training, dict) and "error" not in training else {}
+
+
+def _flops_squared(graph: Graph) -> float:
+    value = _training(graph).get("flopsSeqSquaredFraction")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return min(max(float(value), 0.0), 1.0)
+    return 0.0
+
+
+def _measured_squares(graph: Graph) -> bool:
+    training = _training(graph)
+    tokens = training.get("tokens")
+    return isinstance(tokens, list) and len(tokens) == 2 and "flopsSeqSquaredFraction" in training
+
+
+def workload(graph: Graph, seq_len: int | None = None) -> Workload:
     """Classify the graph's first input and apply ``seq_len`` where it means something."""
     node, shape, dtype = _first_input(graph)
     feeds_embedding = node is not None and any(
@@ -97,10 +128,13 @@ def workload(graph: Graph, seq_len: Optional[int] = None) -> Workload:
         if result.kind == "tokens" and result.traced_tokens:
             result.seq_len = seq_len
             result.scale = seq_len / result.traced_tokens
+            result.flops_squared = _flops_squared(graph)
             if seq_len != result.traced_tokens:
+                how = ("linear terms by the ratio, the measured attention terms by its square"
+                       if _measured_squares(graph) else "linearly (the attention-score terms grow faster)")
                 result.notes.append(
                     f"FLOPs and activations scaled from {result.traced_tokens} traced tokens to "
-                    f"seq_len {seq_len}, linearly (the attention-score FLOPs grow faster)"
+                    f"seq_len {seq_len}, {how}"
                 )
         else:
             result.notes.append("seq_len ignored: the model's input is not a sequence of token ids")

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 import torch
 from torch import nn
 
+from neurarch_trace.flops import flop_kind
 from neurarch_trace.mapping import count_params, is_passthrough, is_whole_layer
 from neurarch_trace.text import plural
 from neurarch_trace.trace.batch import BatchSize, raw_shape
@@ -60,6 +61,8 @@ class Recorder:
         self.paused = False
         self.functional_flops = 0
         self.functional_uncounted: Set[str] = set()
+        self.flops_by_kind: Dict[str, int] = {}  # every counted FLOP of the pass, by operation kind
+        self.scalars: List[Any] = []  # tensor values the forward read into Python (FlopMode fills it)
         self.batch = BatchSize(batch_size)
         self.stack = LayerStack(model)
         self.names = Names()
@@ -117,6 +120,8 @@ class Recorder:
             batch_size=self.batch.value,
             functional_flops=self.functional_flops,
             functional_uncounted=self.functional_uncounted,
+            flops_by_kind=dict(sorted(self.flops_by_kind.items())),
+            scalars=self.scalars,
         )
 
     def where(self) -> str:
@@ -266,6 +271,9 @@ class Recorder:
         (None: it costs FLOPs no formula counts)."""
         if self.paused:
             return
+        if flops:
+            kind = flop_kind(op)
+            self.flops_by_kind[kind] = self.flops_by_kind.get(kind, 0) + flops
         sink = self._sink
         if flops is None:
             (sink.uncounted if sink is not None else self.functional_uncounted).add(op)

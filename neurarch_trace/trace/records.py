@@ -86,7 +86,11 @@ class Recording:
     ``records``: inputs first (``input_count`` of them), then layer calls and merges in call order,
     the output last. ``batch_size``: the batch the shapes are stripped of (the first input's first
     dim, or the batch a sequence-first layer revealed). ``functional_flops``: FLOPs of work outside
-    every layer; ``functional_uncounted``: op names without a formula there.
+    every layer; ``functional_uncounted``: op names without a formula there. ``flops_by_kind``:
+    every counted FLOP of the pass, inside layers or not, by the kind of operation
+    (:func:`neurarch_trace.flops.flop_kind`: ``convolution``, ``attention``, ``matmul``), whatever
+    the depth. ``scalars``: the tensor values the forward read into Python (``.item()``,
+    ``bool(t)``), in order, for the training-step rehearsal to answer the same questions.
     """
 
     records: List[LayerCall]
@@ -94,3 +98,5 @@ class Recording:
     batch_size: int
     functional_flops: int
     functional_uncounted: Set[str]
+    flops_by_kind: Dict[str, int] = dataclasses.field(default_factory=dict)
+    scalars: List[Any] = dataclasses.field(default_factory=list)

@@ -16,11 +16,14 @@ from torch import nn
 
 from neurarch_trace.errors import TraceError
 from neurarch_trace.flops import FlopMode
+from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.text import error_line
 from neurarch_trace.trace.modules import Opaque, opaque_script_modules, unwrap_model
 from neurarch_trace.trace.recorder import Recorder
+from neurarch_trace.trace.records import Recording
 from neurarch_trace.trace.serialise import build_graph
 from neurarch_trace.trace.tensors import iter_tensors, named_tensors, tensor_text
+from neurarch_trace.trace.training import attach_training
 
 __all__ = ["trace_model"]
 
@@ -106,7 +109,7 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
     try:
         _install_hooks(model, recorder, progress, handles)
         model.eval()
-        with torch.enable_grad(), FlopMode(recorder.on_flops), recorder.flow:
+        with torch.enable_grad(), FlopMode(recorder.on_flops, recorder.scalars), recorder.flow:
             try:
                 return model(*args, **kwargs)
             finally:
@@ -131,6 +134,7 @@ def trace_model(
     depth: Optional[int] = None,
     description: Optional[str] = None,
     progress: Optional[Callable[[int], None]] = None,
+    training_step: bool = True,
 ) -> dict:
     """Run one forward pass of ``model`` on ``inputs`` and return the ``.neurarch.json`` graph.
 
@@ -145,6 +149,10 @@ def trace_model(
             is one node. ``None`` descends to the leaves.
         description: the top-level ``description`` (default: says what traced it and the inputs).
         progress: called with the number of layer calls recorded so far, from the hooks.
+        training_step: after the trace, rehearse one mixed-precision AdamW training step on the
+            meta device (:mod:`neurarch_trace.rehearsal`) and record what it needs in
+            ``measured.training`` and each layer's ``measured.savedBytes``; a step that cannot be
+            rehearsed leaves ``measured.training.error`` and the trace stands.
 
     Returns:
         The graph as a dict (see ``shared/spec/neurarch-graph.md`` and ``docs/measured.md``):
@@ -175,10 +183,26 @@ def trace_model(
         )
     graph_name = name or type(model).__name__
 
+    recording = _record(model, args, call_kwargs, tensors, depth, graph_name, progress)
+    step = (rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
+                                   scalars=recording.scalars) if training_step else None)
+    graph = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name, description=description)
+    full = None
+    if depth is not None:  # the plan sizes the model, not the view: its structure at full depth too
+        full_recording = _record(model, args, call_kwargs, tensors, None, graph_name, None)
+        full = build_graph(full_recording, model=model, named_inputs=named_inputs, name=graph_name,
+                           description=description)
+        attach_training(full, full_recording, step, None)
+    attach_training(graph, recording, step, full)
+    return graph
+
+
+def _record(model: nn.Module, args: tuple, kwargs: dict, tensors: List[Tuple[str, torch.Tensor]],
+            depth: Optional[int], graph_name: str, progress: Optional[Callable[[int], None]]) -> Recording:
+    """One forward pass under a recorder cut at ``depth``."""
     with opaque_script_modules(model):
         recorder = Recorder(model, depth=depth, batch_size=int(tensors[0][1].shape[0]), root_name=graph_name)
         for input_name, t in tensors:
             recorder.add_input(input_name, t)
-        output = _forward(recorder, model, args, call_kwargs, tensors, progress)
-    return build_graph(recorder.finish(output), model=model, named_inputs=named_inputs, name=graph_name,
-                       description=description)
+        output = _forward(recorder, model, args, kwargs, tensors, progress)
+    return recorder.finish(output)

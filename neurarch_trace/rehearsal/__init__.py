@@ -1,0 +1,124 @@
+"""Rehearse one mixed-precision AdamW training step and measure the memory it needs.
+
+:func:`rehearse_training_step` runs a real training step of the model (forward in ``train()``
+mode, a loss on its primary output, backward, ``AdamW.step()``) on the meta device: every tensor
+has its true shape and dtype and no values, so nothing is computed and nothing is allocated. A
+dispatch mode (:mod:`.storage`) follows every storage the step allocates and frees; a torch
+function mode (:mod:`.policy`) makes the step behave as CUDA training does (autocast's CUDA op lists
+and weight-cast cache, fused attention kernels, bool dropout masks).
+
+Why this mechanism. ``saved_tensors_hooks`` alone see what autograd keeps, not the transients of
+the loss, the backward and the optimizer step, where the peak often falls. PyTorch's ``MemTracker``
+(``torch.distributed._tools.mem_tracker``) follows storages with the same weakref technique but
+needs ``torch.distributed``, reports per-module peaks rather than the curve a per-batch fit needs,
+and knows nothing of CUDA's autocast. Fake CUDA tensors (``FakeTensorMode`` with
+``device="cuda"``) would get the real autocast kernels but abort a CPU-only build. So: meta tensors,
+a storage-tracking dispatch mode of our own (weakref finalisers on untyped storages, which PyTorch
+keeps alive exactly as long as the storage), and autocast's policy applied above autograd.
+
+Everything is measured, nothing is assumed about the model: state bytes come from the storages of
+the meta parameters, their gradients, AdamW's moments and its temporaries; per-sample bytes from
+runs at two batch sizes (:mod:`.fit`). What a meta step cannot see: allocator rounding and
+fragmentation, cuDNN/cuBLAS workspaces, NCCL buffers, the CUDA context, kernels' internal scratch
+memory, and tensors whose size depends on values (none can be made on meta).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from neurarch_trace.rehearsal.attention import eager_extra_bytes
+from neurarch_trace.rehearsal.fit import combine
+from neurarch_trace.rehearsal.step import InputPlan, Rehearsal, RehearsalError, Run
+from neurarch_trace.text import error_line
+
+__all__ = ["rehearse_training_step", "STEP"]
+
+#: What the rehearsed step is, as the graph records it.
+STEP = ("train() forward under bf16 autocast (CUDA op lists), float32 loss on the primary output, "
+        "backward, AdamW(foreach) step")
+
+
+def _attention(run: Run) -> dict[str, Any]:
+    known: dict[tuple, tuple[int, int]] = {}
+    eager = fused = 0
+    for call in run.attention.calls:
+        if call not in known:
+            known[call] = eager_extra_bytes(call)
+        eager += known[call][0]
+        fused += known[call][1]
+    return {"sdpaCalls": len(run.attention.calls), "kernels": run.attention.kernels(),
+            "eagerScoreBytesPerSample": round(eager / run.batch, 3),
+            "fusedKeptBytesPerSample": round(fused / run.batch, 3),
+            "eagerExtraBytesPerSample": round((eager - fused) / run.batch, 3)}
+
+
+def _try(rehearsal: Rehearsal, batch: int, tokens: int | None, flops: bool) -> Run | None:
+    try:
+        return rehearsal.run(batch, tokens, count_flops=flops, layers=False)
+    except Exception:  # noqa: BLE001 - a second run that cannot be made only loses precision
+        return None
+
+
+def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
+    """Runs at two batch sizes (and, for a token model, at half the length too), fitted. The
+    smaller batch is at least 2: PyTorch treats a dimension of size 1 as contiguous whatever its
+    stride, so a batch of 1 can skip a copy that every larger batch makes."""
+    tokens = plan.tokens
+    fit_tokens = tokens // 2 if tokens is not None and tokens >= 4 else None
+    rehearsal = Rehearsal(model, plan)
+    small = max(plan.batch, 2)
+    first = rehearsal.run(small, tokens, count_flops=fit_tokens is not None)
+    second = _try(rehearsal, 2 * small, tokens, False)
+    third = fourth = None
+    if fit_tokens is not None:
+        third = _try(rehearsal, small, fit_tokens, True)
+        fourth = _try(rehearsal, 2 * small, fit_tokens, False) if third is not None else None
+    measured = combine(first, second, third, fourth, batch=plan.batch)
+    measured["attention"] = _attention(first)
+    measured["loss"] = first.loss
+    scale = plan.batch / small  # per-layer bytes at the traced batch size
+    saved = {qual: [int(round(b * scale)) for b in calls] for qual, calls in first.saved.items()}
+    return {"measured": measured, "savedBytes": saved}
+
+
+def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None = None, *,
+                           batch_size: int, scalars: list | None = None) -> dict[str, Any]:
+    """Rehearse one training step of ``model`` called as ``model(*args, **kwargs)`` (the traced
+    inputs; ``batch_size`` is their batch size) and return plain dicts. ``scalars`` are the tensor
+    values the traced forward read into Python, in order (``.item()``, ``if mask.all():``): meta
+    tensors have none, so the rehearsed forward is given the same answers, provided it asks as many
+    questions (transformers' check for packed sequences is one):
+
+    * ``"measured"``: the ``measured.training`` object of ``docs/measured.md`` (bytes, at the traced
+      batch size where a field is not per sample), or ``{"error": "<one line>"}`` when the step
+      could not be rehearsed (an operation that needs values, which meta tensors do not have);
+    * ``"savedBytes"``: bytes saved for backward inside each module call, at ``batch_size`` (from
+      the run at ``max(batch_size, 2)``, scaled), by the module's qualified name as the tracer names
+      it (``""`` is the root), one entry per call.
+
+    The model is not modified (its parameters, buffers and training flags are as before) and
+    nothing is printed. Never raises for a model that fails: the failure is the ``error``.
+    """
+    flags = {m: m.training for m in model.modules()}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # frees in a fixed order, the same in every run
+    try:
+        model.train()
+        with torch.random.fork_rng(devices=[]):  # the user's random stream is left where it was
+            return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars))
+    except RehearsalError as exc:
+        return {"measured": {"error": str(exc)}, "savedBytes": {}}
+    except Exception as exc:  # noqa: BLE001 - the trace stands; the plan falls back to its formula
+        reason = f"the training step could not be rehearsed on the meta device ({error_line(exc)})"
+        return {"measured": {"error": reason}, "savedBytes": {}}
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+        if gc_was_enabled:
+            gc.enable()
