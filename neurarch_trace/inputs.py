@@ -17,6 +17,7 @@ import re
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.errors import InputSpecError
 
 __all__ = ["DTYPES", "InputSpec", "parse_input", "parse_dtype", "make_inputs", "token_high"]
@@ -107,7 +108,7 @@ def token_high(model: nn.Module | None, default: int = 1000) -> int:
     """The exclusive upper bound for random integer inputs: ``min(default, smallest embedding)``."""
     high = default
     if model is not None:
-        for module in model.modules():
+        for module in walk.modules(model):
             if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.num_embeddings > 0:
                 high = min(high, module.num_embeddings)
     return max(high, 1)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.contract import check_type
 
 __all__ = ["layer_spec", "container_spec", "is_whole_layer", "is_passthrough", "count_params"]
@@ -27,7 +28,7 @@ def count_params(module: nn.Module) -> int:
     """Unique learnable parameters of ``module`` and its children (``numel`` summed once each)."""
     seen: set[int] = set()
     total = 0
-    for p in module.parameters():
+    for p in walk.parameters(module):
         if id(p) not in seen:
             seen.add(id(p))
             total += p.numel()
@@ -386,14 +387,14 @@ def _read_int(mod: nn.Module, attrs: tuple[str, ...]) -> int | None:
 
 
 def _find_attention(mod: nn.Module) -> nn.Module | None:
-    for sub in mod.modules():
+    for sub in walk.modules(mod):
         if sub is not mod and ("attention" in type(sub).__name__.lower() or isinstance(sub, nn.MultiheadAttention)):
             return sub
     return None
 
 
 def _linears(mod: nn.Module) -> list[nn.Module]:
-    return [m for m in mod.modules() if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
+    return [m for m in walk.modules(mod) if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
 
 
 def _in_out(lin: nn.Module) -> tuple[int, int]:
@@ -471,7 +472,7 @@ def _container_spec(mod: nn.Module, *, param_count: int) -> Spec:
         p = {"embedDim": embed or _read_int(mod, _EMBED_ATTRS), "numExperts": n_exp, "expertDim": ff, "topK": top_k}
         return "moeLayer", {k: v for k, v in p.items() if v is not None}
     if "mlp" in low or "feedforward" in low or "ffn" in low:
-        names = dict(mod.named_children())
+        names = dict(walk.named_children(mod))
         if {"gate_proj", "up_proj", "down_proj"} <= names.keys():
             embed, inter = _in_out(names["up_proj"])
             return "swiglu", {"embedDim": embed, "intermediateSize": inter}
@@ -493,10 +494,10 @@ def _container_spec(mod: nn.Module, *, param_count: int) -> Spec:
         if heads is None:
             heads = _read_int(mod, _HEAD_ATTRS)
         ff = None
-        for sub in mod.modules():
+        for sub in walk.modules(mod):
             sub_low = type(sub).__name__.lower()
             if sub is not mod and ("mlp" in sub_low or "feedforward" in sub_low or "intermediate" in sub_low):
-                names = dict(sub.named_children())
+                names = dict(walk.named_children(sub))
                 ff = _in_out(names["up_proj"])[1] if "up_proj" in names else _ff_dims(sub)[1]
                 break
         if ff is None and isinstance(getattr(mod, "linear1", None), nn.Linear):

@@ -529,3 +529,28 @@ def test_distribution_output_does_not_break_the_trace():
     assert_clean(graph)
     assert [c["name"] for c in graph["components"]] == ["x", "linear", "final", "output"]
     assert sources_of(graph, "output") == ["final"]
+
+
+# --- attributes that shadow nn.Module methods (issue 16.1) ----------------------------------------
+
+
+@pytest.mark.parametrize("make", [fm.ShadowedMethods, fm.ShadowedChild])
+def test_attributes_shadowing_module_methods(make):
+    model = make()
+    with pytest.raises(TypeError):  # PyTorch's own iterators call the shadowed attributes
+        list(nn.Module.modules(model))
+    graph = trace_model(model, torch.randn(3, 8))
+    assert_clean(graph)
+    prefix = "inner." if make is fm.ShadowedChild else ""
+    layers = [f"{prefix}blocks.0", f"{prefix}blocks.1", f"{prefix}norm"] + (["head"] if prefix else [])
+    assert [c["name"] for c in graph["components"]] == ["x", *layers, "output"]
+    # blocks 8->8 and 8->4 with biases, the norm's weight and bias, and ShadowedChild's 4->2 head
+    expected = (8 * 8 + 8) + (8 * 4 + 4) + 2 * 4 + (4 * 2 + 2 if prefix else 0)
+    assert graph["measured"]["params"] == expected == node_param_sum(graph)
+    assert graph["measured"]["buffers"] == 4 + 4 + 1  # running mean, running var, batches tracked
+    assert by_name(graph)[f"{prefix}norm"]["type"] == "batchNorm"
+    # the flags as they were (a new module trains), the hooks gone, the attributes untouched
+    target = model.inner if prefix else model
+    assert target.training and target.norm.training and target.blocks[0].training
+    assert not target.blocks[0]._forward_hooks and not target.blocks[0]._forward_pre_hooks
+    assert target.modules == list(target.blocks) and target.eval == "accuracy" and target.train == [True]

@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.trace.modules import inner, is_recurrent
 
 __all__ = ["BatchSize", "RawShape", "known_batch_axis", "raw_shape", "strip"]
@@ -60,7 +61,7 @@ def _transformer_batch_first(target: nn.Module) -> Optional[bool]:
     cls = type(target)
     torch_transformer = cls.__module__.startswith("torch.nn") and cls.__name__.startswith("Transformer")
     if batch_first is None and torch_transformer:
-        attn = next((m for m in target.modules() if isinstance(m, nn.MultiheadAttention)), None)
+        attn = next((m for m in walk.modules(target) if isinstance(m, nn.MultiheadAttention)), None)
         batch_first = attn.batch_first if attn is not None else None
     return batch_first
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.errors import TraceError
 from neurarch_trace.flops import FlopMode
 from neurarch_trace.text import error_line
@@ -64,16 +65,15 @@ def _install_hooks(model: nn.Module, recorder: Recorder, progress: Optional[Call
                 seen[0] = len(recorder.records)
                 progress(seen[0] - first)
 
-    for module in model.modules():
+    for module in walk.modules(model):
         if isinstance(module, torch.jit.ScriptModule):
             continue
-        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(module.register_forward_hook(recorder.post_hook, with_kwargs=True))
+        handles.extend(walk.register_hooks(module, pre, recorder.post_hook))
 
 
 def _on_meta(model: nn.Module, args: tuple, kwargs: dict) -> bool:
     tensors = list(iter_tensors(args)) + list(iter_tensors(kwargs))
-    return any(t.is_meta for t in tensors) or any(p.is_meta for p in model.parameters())
+    return any(t.is_meta for t in tensors) or any(p.is_meta for p in walk.parameters(model))
 
 
 def _needs_values(exc: BaseException) -> bool:
@@ -99,13 +99,13 @@ def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tup
 def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
              tensors: List[Tuple[str, torch.Tensor]], progress: Optional[Callable[[int], None]]) -> Any:
     """Run the forward once under the hooks, the FLOP mode and the flow mode; put everything back."""
-    training = {m: m.training for m in model.modules()}
+    training = {m: m.training for m in walk.modules(model)}
     handles: list = []
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the trace makes many small objects; full collections would cost more than the trace
     try:
         _install_hooks(model, recorder, progress, handles)
-        model.eval()
+        walk.set_training(model, False)
         with torch.enable_grad(), FlopMode(recorder.on_flops), recorder.flow:
             try:
                 return model(*args, **kwargs)

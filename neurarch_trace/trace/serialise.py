@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace._version import __version__
 from neurarch_trace.contract import layout
 from neurarch_trace.text import shape_text
@@ -127,7 +128,7 @@ def _components(records: List[LayerCall], edges: Edges) -> List[Dict[str, Any]]:
 
 
 def _device_of(model: nn.Module, named_inputs: List[Tuple[str, Any]]) -> str:
-    for p in model.parameters():
+    for p in walk.parameters(model):
         return p.device.type
     for _, t in named_inputs:
         if isinstance(t, torch.Tensor):
