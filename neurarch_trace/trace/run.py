@@ -2,7 +2,9 @@
 
 This module only orchestrates: the recorder (:mod:`.recorder`) records, the serialiser
 (:mod:`.serialise`) writes the graph. The forward runs once, in ``eval()`` mode with autograd
-enabled; the model's training flags are restored and every hook removed in a ``finally`` block.
+enabled, with PyTorch's fused attention fast paths off; the model's training flags are restored,
+every hook removed, and the parameters, buffers and attributes the forward changed put back
+(:mod:`.guard`), in ``finally`` blocks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import neurarch_trace.walk as walk
 from neurarch_trace.errors import TraceError
 from neurarch_trace.flops import FlopMode
 from neurarch_trace.text import error_line
+from neurarch_trace.trace.guard import fast_paths_off, state_kept
 from neurarch_trace.trace.modules import Opaque, opaque_script_modules, unwrap_model
 from neurarch_trace.trace.recorder import Recorder
 from neurarch_trace.trace.serialise import build_graph
@@ -175,7 +178,7 @@ def trace_model(
         )
     graph_name = name or type(model).__name__
 
-    with opaque_script_modules(model):
+    with state_kept(model), fast_paths_off(), opaque_script_modules(model):
         recorder = Recorder(model, depth=depth, batch_size=int(tensors[0][1].shape[0]), root_name=graph_name)
         for input_name, t in tensors:
             recorder.add_input(input_name, t)
