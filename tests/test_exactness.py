@@ -529,6 +529,25 @@ def test_distribution_output_does_not_break_the_trace():
     assert_clean(graph)
     assert [c["name"] for c in graph["components"]] == ["x", "linear", "final", "output"]
     assert sources_of(graph, "output") == ["final"]
+    # Categorical keeps `logits` and `_param` as one tensor: one output (issue 16.2)
+    dist = Policy()(torch.randn(1, 10))
+    assert dist.logits is dist._param
+    assert by_name(graph)["output"]["measured"]["outputShapes"] == [[5]]
+
+
+def test_a_tensor_returned_twice_is_one_output():
+    class Twice(nn.Module):
+        def forward(self, x):
+            y = x * 2
+            return y, [x, y]
+
+    model = nn.Sequential(nn.Linear(4, 4), Twice())
+    graph = trace_model(model, torch.randn(3, 4))
+    assert_clean(graph)
+    twice = by_name(graph)["1"]["measured"]
+    assert twice["outputShapes"] == [[4], [4]]  # y and x, y once
+    assert twice["outputBytes"] == 2 * 3 * 4 * 4  # two tensors of 3x4 float32, not three
+    assert by_name(graph)["output"]["measured"]["outputShapes"] == [[4], [4]]
 
 
 # --- attributes that shadow nn.Module methods (issue 16.1) ----------------------------------------

@@ -13,7 +13,7 @@ import torch
 
 from neurarch_trace.trace.batch import raw_shape
 from neurarch_trace.trace.records import LayerCall
-from neurarch_trace.trace.tensors import dtype_name, iter_tensors
+from neurarch_trace.trace.tensors import dtype_name, unique_tensors
 
 __all__ = ["BASENAME", "MERGES", "merge_operands", "merge_record"]
 
@@ -49,7 +49,7 @@ def merge_record(index: int, kind: str, scope: str, operands: Operands, out: Any
     first = next((t for t, prov in operands if any(isinstance(k, int) for k in prov)), operands[0][0])
     record.input_shape = raw_shape(first, None, 0, is_output=False)
     record.operand_shapes = [raw_shape(t, None, 0, is_output=False) for t, _ in operands]
-    outs = list(iter_tensors(out))
+    outs = unique_tensors(out)
     for t in outs:
         record.output_shapes.append(raw_shape(t, None, 0, is_output=True))
         record.output_bytes += t.numel() * t.element_size()

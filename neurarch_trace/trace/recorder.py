@@ -31,7 +31,7 @@ from neurarch_trace.trace.ownership import Ownership, packed_param_count
 from neurarch_trace.trace.provenance import EMPTY, FlowMode, Provenance
 from neurarch_trace.trace.records import LayerCall, Recording
 from neurarch_trace.trace.stack import LAYER, LayerStack, Names
-from neurarch_trace.trace.tensors import dtype_name, iter_tensors
+from neurarch_trace.trace.tensors import dtype_name, iter_tensors, unique_tensors
 
 __all__ = ["Recorder"]
 
@@ -93,10 +93,10 @@ class Recorder:
         """Record the output node (fed by the producers of every tensor in ``output``), give the
         inputs their final names, and return the recording."""
         out_record = LayerCall(index=len(self.records), type="output", name="output")
-        outs = list(iter_tensors(output))
+        outs = unique_tensors(output)
         if not outs and hasattr(output, "__dict__") and not isinstance(output, nn.Module):
             # an object that is no container (a torch.distributions.Categorical): the tensors it holds
-            outs = [t for value in vars(output).values() for t in iter_tensors(value)]
+            outs = unique_tensors(list(vars(output).values()))
         for t in outs:
             prov = self.prov_of(t)
             out_record.add_sources(frozenset(k for k in prov if isinstance(k, int)))
@@ -213,7 +213,7 @@ class Recorder:
         record.add_sources(frozenset(k for k in prov if isinstance(k, int)))
 
     def _finish_layer(self, record: LayerCall, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        outs = list(iter_tensors(output))
+        outs = unique_tensors(output)
         key = frozenset((record.index,))
         for i, t in enumerate(outs):
             record.output_shapes.append(raw_shape(t, module, i, is_output=True))
