@@ -198,3 +198,251 @@ def test_state_guard_on_the_meta_device():
     graph = trace_model(model, torch.empty(3, 4, device="meta"))
     assert graph["measured"]["params"] == sum(p.numel() for p in model.parameters())
     assert model.norm.calls == 0 and model.norm.steps.is_meta
+
+
+# --- 2. the batch axis, followed through the data flow --------------------------------------------
+
+
+def shapes_of(graph: dict) -> dict:
+    """Every batchless shape of a graph, by component name."""
+    out = {}
+    for c in graph["components"]:
+        m = c["measured"]
+        out[c["name"]] = (c.get("inputShape"), c.get("outputShape"), c["params"].get("shape"),
+                          m.get("outputShapes"), m.get("inputShapes"))
+    return out
+
+
+def at_batch(value, batch: int):
+    """``value`` (tensors, dicts, lists, batch first) with ``batch`` items: rows repeated or cut."""
+    if isinstance(value, torch.Tensor):
+        return value[torch.arange(batch) % value.shape[0]].clone()
+    if isinstance(value, dict):
+        return {k: at_batch(v, batch) for k, v in value.items()}
+    return tuple(at_batch(v, batch) for v in value)
+
+
+def assert_batch_invariant(model: nn.Module, inputs, batches=(2, 3, 4, 7)) -> dict:
+    """Trace at each batch size: identical batchless shapes everywhere, none unknown."""
+    reference = None
+    for batch in batches:
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph = trace_model(model, at_batch(inputs, batch))
+        assert graph["measured"]["batchSize"] == batch
+        lost = {c["name"]: c["measured"]["batchUnknown"] for c in graph["components"]
+                if "batchUnknown" in c["measured"]}
+        assert not lost, (batch, lost)
+        shapes = shapes_of(graph)
+        if reference is None:
+            reference = shapes
+        else:
+            changed = {k: (reference[k], shapes.get(k)) for k in reference if reference[k] != shapes.get(k)}
+            assert not changed, (batch, changed)
+    return reference
+
+
+class PerItemPool(nn.Module):
+    """The issue's example: a per-item loop with AdaptiveAvgPool1d(4), stacked back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 32, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool1d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        feats = self.conv(x)
+        return torch.stack([self.pool(feats[i]) for i in range(feats.shape[0])])
+
+
+def test_per_item_loop_keeps_every_axis_at_every_batch():
+    shapes = assert_batch_invariant(PerItemPool(), (torch.randn(1, 8, 10),), batches=(1, 2, 4, 7, 32))
+    assert shapes["pool"][:2] == ([32, 10], [32, 4])  # one item: (C, L), no batch axis to strip
+    assert shapes["conv"][:2] == ([8, 10], [32, 10])
+    assert shapes["output"][0] == [32, 4]
+
+
+class Detector(nn.Module):
+    """A list of per-image dicts (as detection models take): boxes first, not batch first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Conv2d(3, 4, 3, padding=1)
+        self.boxes = nn.Linear(4, 4)
+
+    def forward(self, batch: list) -> tuple:
+        images = torch.stack([item["image"] for item in batch])
+        feats = self.backbone(images)
+        return feats.mean((2, 3)), [self.boxes(item["boxes"]) for item in batch]
+
+
+def test_list_of_dicts_is_a_list_of_samples():
+    samples = [{"boxes": torch.randn(5, 4), "image": torch.randn(3, 8, 8)} for _ in range(2)]
+    graph = trace_model(Detector(), (samples,))
+    assert_clean(graph)
+    comps = by_name(graph)
+    assert graph["measured"]["batchSize"] == 2  # the list's length, not the boxes' 5
+    assert comps["batch.0.boxes"]["outputShape"] == [5, 4]  # a sample's shape: nothing stripped
+    assert comps["batch.0.image"]["outputShape"] == [3, 8, 8]
+    assert comps["backbone"]["inputShape"] == [3, 8, 8]  # the images stacked into a batch
+    assert comps["backbone"]["outputShape"] == [4, 8, 8]
+    assert comps["boxes"]["inputShape"] == [5, 4] and comps["boxes"]["outputShape"] == [5, 4]
+    assert comps["output"]["measured"]["outputShapes"] == [[4], [5, 4], [5, 4]]
+    for count in (3, 5):  # five samples of five boxes each: still nothing stripped
+        graph = trace_model(Detector(), ([dict(samples[0]) for _ in range(count)],))
+        assert by_name(graph)["batch.0.boxes"]["outputShape"] == [5, 4]
+        assert by_name(graph)["boxes#2"]["outputShape"] == [5, 4]
+
+
+def test_an_axis_of_the_batch_size_is_not_the_batch():
+    # position ids from torch.arange when the sequence is as long as the batch is large
+    gpt = pytest.importorskip("helpers").load_example("gpt").TinyGPT()
+    graph = trace_model(gpt, torch.randint(0, 8192, (4, 4)))
+    comps = by_name(graph)
+    assert comps["wpe"]["inputShape"] == [4] and comps["wpe"]["outputShape"] == [4, 256]
+    assert comps["wte"]["inputShape"] == [4] and comps["wte"]["outputShape"] == [4, 256]
+    assert comps["lm_head"]["outputShape"] == [4, 8192]
+
+    class Table(nn.Module):  # a learned table whose first axis happens to be the batch size
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(3, 6))
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) @ self.fc(self.table).T
+
+    graph = trace_model(Table(), torch.randn(3, 6))
+    assert by_name(graph)["fc#2"]["inputShape"] == [3, 6]  # the table's rows are not samples
+    assert by_name(graph)["fc"]["inputShape"] == [6]
+    assert by_name(graph)["output"]["inputShape"] == [3]
+
+
+def test_a_lost_batch_axis_is_kept_whole_and_said():
+    class Picks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(6, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x[torch.tensor([0, 2])])  # samples chosen by a tensor index
+
+    graph = trace_model(Picks(), torch.randn(4, 6))
+    fc = by_name(graph)["fc"]
+    assert fc["inputShape"] == [2, 6] and fc["outputShape"] == [2, 2]  # whole: nothing guessed
+    assert fc["measured"]["batchUnknown"] == ["inputShape", "outputShapes.0"]
+    assert by_name(graph)["output"]["measured"]["batchUnknown"] == ["inputShape", "outputShapes.0"]
+    assert "batchUnknown" not in by_name(graph)["x"]["measured"]
+
+
+class Reshapes(nn.Module):
+    """Heads split off and merged back, tokens flattened into one axis and restored, windows cut
+    out of an image (Swin), einsum, a squeeze of the batch, a transposed matmul, a reduction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.proj = nn.Linear(16, 16)
+        self.tokens = nn.Linear(16, 16)
+        self.window = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        att = torch.einsum("bhqd,bhkd->bhqk", q, k).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, 16)
+        flat = self.tokens(self.proj(y).reshape(-1, 16)).view(b, t, 16)  # (B*T, 16) and back
+        grid = flat.view(b, 4, 4, 4, 4).permute(0, 1, 3, 2, 4).reshape(-1, 4, 4)  # windows of 4x4
+        w = self.window(grid).view(b, 4, 4, 4, 4).sum(1)
+        return w.flatten(1) + (x.mT @ x).mean(-1).repeat(1, 16)[:, :64]
+
+
+def test_reshapes_transposes_and_merged_batches_are_followed():
+    shapes = assert_batch_invariant(Reshapes(), (torch.randn(1, 16, 16),))
+    assert shapes["tokens"][:2] == ([16, 16], [16, 16])  # the batch merged with the tokens: T rows
+    assert shapes["window"][:2] == ([16, 4, 4], [16, 4, 4])  # sixteen windows of 4x4 per image
+    assert shapes["proj"][:2] == ([16, 16], [16, 16])
+    assert shapes["output"][0] == [64]
+
+
+def test_sequence_first_and_recurrent_layouts_at_every_batch():
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0)  # batch_first=False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+
+    class SeqFirst(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+            self.rnn = nn.GRU(16, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out, h = self.rnn(self.encoder(x.transpose(0, 1)))
+            return out.transpose(0, 1), h[-1]
+
+    shapes = assert_batch_invariant(SeqFirst(), (torch.randn(1, 7, 16),))
+    assert shapes["encoder.layers.0.self_attn"][:2] == ([7, 16], [7, 16])
+    assert shapes["rnn"][3] == [[7, 8], [1, 8]]
+    assert shapes["output"][3] == [[7, 8], [8]]
+
+
+FIXTURES = {
+    "LSTMTagger": torch.randint(0, 500, (1, 7)), "SeqFirstLSTM": torch.randn(1, 6, 10),
+    "AttentionBlock": torch.randn(1, 5, 32), "CalledTwice": torch.randn(1, 16), "InplaceResidual": torch.randn(1, 8),
+    "CatStack": torch.randn(1, 8), "DictOutput": torch.randn(1, 8),
+    "TwoInput": (torch.randn(1, 3, 8, 8), torch.randn(1, 5)),
+    "IntegerPath": torch.randint(0, 50, (1, 5)), "SmallVocab": torch.randint(0, 100, (1, 9)),
+    "WithUnknownLeaf": torch.randn(1, 6), "Deep": torch.randn(1, 8), "TinyViT": torch.randn(1, 3, 32, 32),
+    "GatedResidual": torch.randn(1, 8), "TiedLM": torch.randint(0, 64, (1, 5)), "SharedParents": torch.randn(1, 8),
+    "Containers": torch.randn(1, 8), "PartlyNoGrad": torch.randn(1, 8), "WithScripted": torch.randn(1, 8),
+    "ComplexLinear": torch.randn(1, 8, dtype=torch.complex64), "ShadowedMethods": torch.randn(1, 8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_fixtures_trace_to_the_same_shapes_at_every_batch(name):
+    import fixture_models as fm
+
+    inputs = FIXTURES[name]
+    assert_batch_invariant(getattr(fm, name)(), inputs if isinstance(inputs, tuple) else (inputs,))
+
+
+@pytest.mark.parametrize("name", ["resnet", "vit", "gpt"])
+def test_examples_trace_to_the_same_shapes_at_every_batch(name):
+    from helpers import load_example
+
+    module = load_example(name)
+    model, x = {"resnet": (lambda: module.ResNet18(), torch.randn(1, 3, 32, 32)),
+                "vit": (lambda: module.ViT_Tiny(), torch.randn(1, 3, 32, 32)),
+                "gpt": (lambda: module.TinyGPT(), torch.randint(0, 8192, (1, 16)))}[name]
+    assert_batch_invariant(model(), (x,))
+
+
+@pytest.mark.slow  # 84 traces: the fixtures and examples above keep the fast loop's coverage
+@pytest.mark.parametrize("arch", sorted(__import__("test_architectures").CASES))
+def test_architectures_trace_to_the_same_shapes_at_every_batch(arch):
+    sweep = pytest.importorskip("test_architectures")
+    make_config, make_inputs = sweep.CASES[arch]
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = sweep.T.AutoModel.from_config(make_config())
+    inputs = make_inputs()
+    names = list(inputs)
+    shapes = assert_batch_invariant(_KeywordModel(model, names), tuple(inputs[n] for n in names))
+    assert shapes
+
+
+class _KeywordModel(nn.Module):
+    """Calls ``model`` with keyword arguments given positionally (so :func:`at_batch` can resize
+    them); the wrapped model's names keep their ``model.`` prefix."""
+
+    def __init__(self, model: nn.Module, names: list) -> None:
+        super().__init__()
+        self.model = model
+        self.names = names
+
+    def forward(self, *values: torch.Tensor):  # noqa: ANN201
+        return self.model(**dict(zip(self.names, values)))

@@ -28,7 +28,8 @@ The parts, one job each::
     stack       which layer is running, its scope and path; unique names
     provenance  where each tensor's value came from; the flow mode between layers
     merges      add / concatenate / stack nodes
-    batch       the batch axis of each tensor, and shapes without it
+    batch       the batch axis of each tensor, followed from the inputs; shapes without it
+    axes        how each torch function moves the batch axis
     ownership   which node owns each parameter and buffer; model totals
     kinds       a layer call's type and params; node-level FLOP formulas
     modules     wrappers, TorchScript stand-ins, recurrent layers

@@ -20,6 +20,7 @@ import neurarch_trace.walk as walk
 from neurarch_trace.errors import TraceError
 from neurarch_trace.flops import FlopMode
 from neurarch_trace.text import error_line
+from neurarch_trace.trace.batch import sample_inputs
 from neurarch_trace.trace.guard import fast_paths_off, state_kept
 from neurarch_trace.trace.modules import Opaque, opaque_script_modules, unwrap_model
 from neurarch_trace.trace.recorder import Recorder
@@ -179,7 +180,9 @@ def trace_model(
     graph_name = name or type(model).__name__
 
     with state_kept(model), fast_paths_off(), opaque_script_modules(model):
-        recorder = Recorder(model, depth=depth, batch_size=int(tensors[0][1].shape[0]), root_name=graph_name)
+        batch, samples = sample_inputs(named_inputs)
+        recorder = Recorder(model, depth=depth, batch_size=batch if batch is not None else int(tensors[0][1].shape[0]),
+                            root_name=graph_name, samples=frozenset(samples))
         for input_name, t in tensors:
             recorder.add_input(input_name, t)
         output = _forward(recorder, model, args, call_kwargs, tensors, progress)
