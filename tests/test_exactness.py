@@ -77,8 +77,10 @@ def test_vit_class_token_and_position_embedding():
     assert comps["add"]["measured"]["params"] == model.pos_embed.numel() == 17 * 32
     assert sources_of(graph, "cat") == ["patch_embed"]
     assert sources_of(graph, "add") == ["cat"]
-    assert comps["patch_embed"]["type"] == "patchEmbed"
-    assert comps["patch_embed"]["params"] == {"patchSize": 8, "embedDim": 32, "inChans": 3}
+    # a conv with stride = kernel is a conv: its shapes do not make it a patch embedding (issue 16.3)
+    assert comps["patch_embed"]["type"] == "conv2d"
+    assert comps["patch_embed"]["params"] == {"inChannels": 3, "outChannels": 32, "kernelSize": 8, "stride": 8,
+                                              "padding": 0}
     assert node_param_sum(graph) == unique_params(model) == graph["measured"]["params"]
     assert graph["measured"]["unusedParams"] == 0
 

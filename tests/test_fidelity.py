@@ -446,3 +446,223 @@ class _KeywordModel(nn.Module):
 
     def forward(self, *values: torch.Tensor):  # noqa: ANN201
         return self.model(**dict(zip(self.names, values)))
+
+
+# --- 3. every torch.nn layer typed and costed -----------------------------------------------------
+
+from neurarch_trace.mapping import CUSTOM_REASONS, NOT_LAYERS, typed_class  # noqa: E402
+
+
+def public_torch_nn_classes() -> list:
+    return sorted({c for c in vars(torch.nn).values() if isinstance(c, type) and issubclass(c, nn.Module)},
+                  key=lambda c: c.__name__)
+
+
+def eager(cls: type) -> type:
+    """A lazy layer (nn.LazyLinear) becomes its eager class in its first forward."""
+    return getattr(cls, "cls_to_become", None) or cls
+
+
+def test_every_torch_nn_class_is_typed_or_listed_with_a_reason():
+    missing, twice = [], []
+    for cls in public_torch_nn_classes():
+        target = eager(cls)
+        places = [typed_class(target), target in CUSTOM_REASONS, target in NOT_LAYERS]
+        if not any(places):
+            missing.append(cls.__name__)
+        elif sum(places) > 1 and not (target in NOT_LAYERS and typed_class(target)):
+            twice.append(cls.__name__)
+    assert not missing, f"torch.nn classes neither mapped nor listed in mapping.CUSTOM_REASONS/NOT_LAYERS: {missing}"
+    assert not twice, twice
+    assert all(isinstance(r, str) and len(r) > 8 for r in list(CUSTOM_REASONS.values()) + list(NOT_LAYERS.values()))
+
+
+def x1() -> torch.Tensor:
+    return torch.randn(2, 4, 8)
+
+
+def x2() -> torch.Tensor:
+    return torch.randn(2, 4, 8, 8)
+
+
+def x3() -> torch.Tensor:
+    return torch.randn(2, 4, 4, 4, 4)
+
+
+def pair(*shape: int) -> tuple:
+    return torch.randn(2, *shape), torch.randn(2, *shape)
+
+
+def scores() -> tuple:
+    return torch.randn(2, 8), torch.randint(0, 8, (2,))
+
+
+#: One instance and input of every torch.nn layer, and the FLOPs it costs at batch 2: 0 for
+#: elementwise ops, reductions, data movement and interpolation (the convention), the closed form
+#: otherwise (2 FLOPs per multiply-add).
+LAYERS = {
+    "AdaptiveAvgPool1d": (lambda: nn.AdaptiveAvgPool1d(3), x1, 0),
+    "AdaptiveAvgPool2d": (lambda: nn.AdaptiveAvgPool2d(3), x2, 0),
+    "AdaptiveAvgPool3d": (lambda: nn.AdaptiveAvgPool3d(2), x3, 0),
+    "AdaptiveMaxPool1d": (lambda: nn.AdaptiveMaxPool1d(3), x1, 0),
+    "AdaptiveMaxPool2d": (lambda: nn.AdaptiveMaxPool2d(3), x2, 0),
+    "AdaptiveMaxPool3d": (lambda: nn.AdaptiveMaxPool3d(2), x3, 0),
+    "AlphaDropout": (lambda: nn.AlphaDropout(0.2), x1, 0),
+    "AvgPool1d": (lambda: nn.AvgPool1d(2), x1, 0), "AvgPool2d": (lambda: nn.AvgPool2d(2), x2, 0),
+    "AvgPool3d": (lambda: nn.AvgPool3d(2), x3, 0),
+    "BatchNorm1d": (lambda: nn.BatchNorm1d(4), x1, 0), "BatchNorm2d": (lambda: nn.BatchNorm2d(4), x2, 0),
+    "BatchNorm3d": (lambda: nn.BatchNorm3d(4), x3, 0), "SyncBatchNorm": (lambda: nn.SyncBatchNorm(4), x2, 0),
+    "Bilinear": (lambda: nn.Bilinear(4, 5, 3), lambda: (torch.randn(2, 4), torch.randn(2, 5)), 2 * 2 * 3 * 4 * 5),
+    "CELU": (nn.CELU, x1, 0), "ELU": (nn.ELU, x1, 0), "GELU": (nn.GELU, x1, 0), "GLU": (nn.GLU, x1, 0),
+    "Hardshrink": (nn.Hardshrink, x1, 0), "Hardsigmoid": (nn.Hardsigmoid, x1, 0), "Hardswish": (nn.Hardswish, x1, 0),
+    "Hardtanh": (nn.Hardtanh, x1, 0), "LeakyReLU": (nn.LeakyReLU, x1, 0), "LogSigmoid": (nn.LogSigmoid, x1, 0),
+    "LogSoftmax": (lambda: nn.LogSoftmax(-1), x1, 0), "Mish": (nn.Mish, x1, 0), "PReLU": (nn.PReLU, x1, 0),
+    "RReLU": (nn.RReLU, x1, 0), "ReLU": (nn.ReLU, x1, 0), "ReLU6": (nn.ReLU6, x1, 0), "SELU": (nn.SELU, x1, 0),
+    "SiLU": (nn.SiLU, x1, 0), "Sigmoid": (nn.Sigmoid, x1, 0), "Softmax": (lambda: nn.Softmax(-1), x1, 0),
+    "Softmax2d": (nn.Softmax2d, x2, 0), "Softmin": (lambda: nn.Softmin(-1), x1, 0), "Softplus": (nn.Softplus, x1, 0),
+    "Softshrink": (nn.Softshrink, x1, 0), "Softsign": (nn.Softsign, x1, 0), "Tanh": (nn.Tanh, x1, 0),
+    "Tanhshrink": (nn.Tanhshrink, x1, 0), "Threshold": (lambda: nn.Threshold(0.1, 0.0), x1, 0),
+    "ChannelShuffle": (lambda: nn.ChannelShuffle(2), x2, 0),
+    **{f"{kind}Pad{d}d": (lambda kind=kind, d=d: getattr(nn, f"{kind}Pad{d}d")(
+        *((1, 0.0) if kind == "Constant" else (1,))), {1: x1, 2: x2, 3: x3}[d], 0)
+       for kind in ("Constant", "Zero", "Reflection", "Replication", "Circular") for d in (1, 2, 3)},
+    "Conv1d": (lambda: nn.Conv1d(4, 6, 3), x1, 2 * 2 * 6 * 6 * 4 * 3),
+    "Conv2d": (lambda: nn.Conv2d(4, 6, 3), x2, 2 * 2 * 6 * 36 * 4 * 9),
+    "Conv3d": (lambda: nn.Conv3d(4, 6, 3), x3, 2 * 2 * 6 * 8 * 4 * 27),
+    # a transposed conv: every input element meets the whole kernel
+    "ConvTranspose1d": (lambda: nn.ConvTranspose1d(4, 6, 3), x1, 2 * 2 * 8 * 4 * 6 * 3),
+    "ConvTranspose2d": (lambda: nn.ConvTranspose2d(4, 6, 3), x2, 2 * 2 * 64 * 4 * 6 * 9),
+    "ConvTranspose3d": (lambda: nn.ConvTranspose3d(4, 6, 3), x3, 2 * 2 * 64 * 4 * 6 * 27),
+    "CosineSimilarity": (nn.CosineSimilarity, lambda: pair(8), 0),
+    "PairwiseDistance": (nn.PairwiseDistance, lambda: pair(8), 0),
+    "CrossMapLRN2d": (lambda: nn.CrossMapLRN2d(3), x2, 0),
+    "LocalResponseNorm": (lambda: nn.LocalResponseNorm(3), x2, 0),
+    "Dropout": (nn.Dropout, x1, 0), "Dropout1d": (nn.Dropout1d, x1, 0), "Dropout2d": (nn.Dropout2d, x2, 0),
+    "Dropout3d": (nn.Dropout3d, x3, 0), "FeatureAlphaDropout": (nn.FeatureAlphaDropout, x2, 0),
+    "Embedding": (lambda: nn.Embedding(10, 4), lambda: torch.randint(0, 10, (2, 3)), 0),
+    "EmbeddingBag": (lambda: nn.EmbeddingBag(10, 4), lambda: torch.randint(0, 10, (2, 3)), 0),
+    "Flatten": (nn.Flatten, x2, 0), "Unflatten": (lambda: nn.Unflatten(1, (2, 2)), x1, 0),
+    "Fold": (lambda: nn.Fold((4, 4), 2), lambda: torch.randn(2, 16, 9), 0), "Unfold": (lambda: nn.Unfold(2), x2, 0),
+    "FractionalMaxPool2d": (lambda: nn.FractionalMaxPool2d(2, output_size=3), x2, 0),
+    "FractionalMaxPool3d": (lambda: nn.FractionalMaxPool3d(2, output_size=2), x3, 0),
+    "GroupNorm": (lambda: nn.GroupNorm(2, 4), x2, 0), "LayerNorm": (lambda: nn.LayerNorm(8), x1, 0),
+    "RMSNorm": (lambda: nn.RMSNorm(8), x1, 0), "InstanceNorm1d": (lambda: nn.InstanceNorm1d(4), x1, 0),
+    "InstanceNorm2d": (lambda: nn.InstanceNorm2d(4), x2, 0), "InstanceNorm3d": (lambda: nn.InstanceNorm3d(4), x3, 0),
+    # cells: the gates' two matmuls, W_ih·x and W_hh·h, per sample
+    "RNNCell": (lambda: nn.RNNCell(8, 6), lambda: torch.randn(2, 8), 2 * 2 * 6 * (8 + 6)),
+    "LSTMCell": (lambda: nn.LSTMCell(8, 6), lambda: torch.randn(2, 8), 2 * 2 * 4 * 6 * (8 + 6)),
+    "GRUCell": (lambda: nn.GRUCell(8, 6), lambda: torch.randn(2, 8), 2 * 2 * 3 * 6 * (8 + 6)),
+    "RNN": (lambda: nn.RNN(8, 6, batch_first=True), lambda: torch.randn(2, 3, 8), 2 * 3 * 2 * 6 * (8 + 6)),
+    "LSTM": (lambda: nn.LSTM(8, 6, batch_first=True), lambda: torch.randn(2, 3, 8), 2 * 3 * 2 * 4 * 6 * (8 + 6)),
+    "GRU": (lambda: nn.GRU(8, 6, batch_first=True), lambda: torch.randn(2, 3, 8), 2 * 3 * 2 * 3 * 6 * (8 + 6)),
+    "Linear": (lambda: nn.Linear(8, 3), x1, 2 * 2 * 4 * 8 * 3),
+    "LPPool1d": (lambda: nn.LPPool1d(2, 2), x1, 0), "LPPool2d": (lambda: nn.LPPool2d(2, 2), x2, 0),
+    "LPPool3d": (lambda: nn.LPPool3d(2, 2), x3, 0),
+    "MaxPool1d": (lambda: nn.MaxPool1d(2), x1, 0), "MaxPool2d": (lambda: nn.MaxPool2d(2), x2, 0),
+    "MaxPool3d": (lambda: nn.MaxPool3d(2), x3, 0),
+    "MaxUnpool1d": (lambda: nn.MaxUnpool1d(2), lambda: nn.MaxPool1d(2, return_indices=True)(x1()), 0),
+    "MaxUnpool2d": (lambda: nn.MaxUnpool2d(2), lambda: nn.MaxPool2d(2, return_indices=True)(x2()), 0),
+    "MaxUnpool3d": (lambda: nn.MaxUnpool3d(2), lambda: nn.MaxPool3d(2, return_indices=True)(x3()), 0),
+    # in-projection, Q·Kᵀ and P·V over 5x5 token pairs, out-projection; 2 sequences of 5 tokens of 8
+    "MultiheadAttention": (lambda: nn.MultiheadAttention(8, 2, batch_first=True),
+                           lambda: (torch.randn(2, 5, 8),) * 3,
+                           2 * (2 * 5 * 8 * 24 + 2 * 2 * 5 * 5 * 8 + 2 * 5 * 8 * 8)),
+    "PixelShuffle": (lambda: nn.PixelShuffle(2), x2, 0), "PixelUnshuffle": (lambda: nn.PixelUnshuffle(2), x2, 0),
+    "Upsample": (lambda: nn.Upsample(scale_factor=2, mode="bilinear"), x2, 0),
+    "UpsamplingNearest2d": (lambda: nn.UpsamplingNearest2d(scale_factor=2), x2, 0),
+    "UpsamplingBilinear2d": (lambda: nn.UpsamplingBilinear2d(scale_factor=2), x2, 0),
+    **{name: (lambda name=name: getattr(nn, name)(), lambda: (torch.rand(2, 8), torch.rand(2, 8)), 0) for name in (
+        "L1Loss", "MSELoss", "BCELoss", "BCEWithLogitsLoss", "HuberLoss", "SmoothL1Loss", "SoftMarginLoss",
+        "KLDivLoss", "PoissonNLLLoss", "HingeEmbeddingLoss", "MultiLabelSoftMarginLoss")},
+    "CrossEntropyLoss": (nn.CrossEntropyLoss, scores, 0), "NLLLoss": (nn.NLLLoss, scores, 0),
+    "MultiMarginLoss": (nn.MultiMarginLoss, scores, 0),
+    "NLLLoss2d": (lambda: nn.NLLLoss2d(), lambda: (torch.randn(2, 3, 4, 4), torch.randint(0, 3, (2, 4, 4))), 0),
+    "GaussianNLLLoss": (nn.GaussianNLLLoss, lambda: (*pair(8), torch.rand(2, 8)), 0),
+    "MarginRankingLoss": (nn.MarginRankingLoss, lambda: (*pair(8)[:1], torch.randn(2, 8), torch.ones(2, 8)), 0),
+    "CosineEmbeddingLoss": (nn.CosineEmbeddingLoss, lambda: (*pair(8), torch.ones(2)), 0),
+    "MultiLabelMarginLoss": (nn.MultiLabelMarginLoss, lambda: (torch.randn(2, 8), torch.randint(0, 8, (2, 8))), 0),
+    "TripletMarginLoss": (nn.TripletMarginLoss, lambda: (*pair(8), torch.randn(2, 8)), 0),
+    "TripletMarginWithDistanceLoss": (nn.TripletMarginWithDistanceLoss, lambda: (*pair(8), torch.randn(2, 8)), 0),
+    "CTCLoss": (nn.CTCLoss, lambda: (torch.randn(6, 2, 5).log_softmax(2), torch.randint(1, 5, (2, 3)),
+                                     torch.full((2,), 6), torch.full((2,), 3)), 0),
+    "LinearCrossEntropyLoss": (lambda: nn.LinearCrossEntropyLoss(8, 5),
+                               lambda: (torch.randn(2, 8), torch.randint(0, 5, (2,))), 2 * 2 * 8 * 5),
+    "AdaptiveLogSoftmaxWithLoss": (lambda: nn.AdaptiveLogSoftmaxWithLoss(8, 10, [4], div_value=2.0),
+                                   lambda: (torch.randn(2, 8), torch.tensor([1, 7])),
+                                   2 * 2 * 8 * 5 + 2 * 1 * (8 * 4 + 4 * 6)),  # head 4+1 outputs; tail for one
+    "TransformerEncoderLayer": (lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+                                lambda: torch.randn(2, 5, 8), encoder_flops(2, 5, 8, 16, 1)),
+    "TransformerDecoderLayer": (lambda: nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+                                lambda: (torch.randn(2, 5, 8), torch.randn(2, 4, 8)),
+                                # self-attention over 5 tokens, cross-attention to 4, feed-forward
+                                2 * (4 * 2 * 5 * 64 + 2 * 2 * 25 * 8)
+                                + 2 * (2 * 2 * 5 * 64 + 2 * 2 * 4 * 64 + 2 * 2 * 20 * 8)
+                                + 2 * 2 * 2 * 5 * 8 * 16),
+}
+
+
+def test_every_torch_nn_layer_is_traced_with_a_type_and_a_cost():
+    leaves = [c for c in public_torch_nn_classes() if eager(c) not in NOT_LAYERS]
+    untested = sorted({eager(c).__name__ for c in leaves} - set(LAYERS))
+    assert not untested, f"add a case for {untested}"
+    problems = []
+    for name, (make, inputs, expected) in sorted(LAYERS.items()):
+        layer = make()
+        x = inputs()
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph = trace_model(layer, x if isinstance(x, tuple) else (x,))
+        assert_clean(graph)
+        nodes = [c for c in graph["components"] if c["type"] not in ("input", "output")]
+        kind = nodes[0]["type"] if len(nodes) == 1 else "(traced into its layers)"
+        if kind == "customModule" and eager(type(layer)) not in CUSTOM_REASONS:
+            problems.append(f"{name}: customModule without a reason")
+        if graph["measured"]["uncountedOps"] or any(c["measured"].get("flops", 0) is None for c in nodes):
+            problems.append(f"{name}: uncounted {graph['measured']['uncountedOps']}")
+        elif graph["measured"]["flops"] != expected:
+            problems.append(f"{name}: {graph['measured']['flops']} FLOPs, expected {expected}")
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "bilinear", "bicubic", "trilinear", "area", "nearest-exact"])
+def test_interpolation_costs_zero_whatever_its_mode(mode):
+    x = {"linear": x1, "trilinear": x3}.get(mode, x2)()
+    graph = trace_model(nn.Upsample(scale_factor=2, mode=mode), x)
+    node = next(c for c in graph["components"] if c["type"] == "upsample")
+    assert node["measured"]["flops"] == 0 and graph["measured"]["uncountedOps"] == []
+    assert node["params"]["mode"] == mode
+
+
+def test_bilinear_in_functional_code_is_counted():
+    class Gate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3, 4, 5))
+            self.head = nn.Linear(3, 1)
+
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return self.head(nn.functional.bilinear(a, b, self.w))
+
+    graph = trace_model(Gate(), (torch.randn(2, 4), torch.randn(2, 5)))
+    assert graph["measured"]["functionalFlops"] == 2 * 2 * 3 * 4 * 5
+    assert graph["measured"]["uncountedOps"] == []
+
+
+def test_types_of_the_new_mappings():
+    def one(layer: nn.Module, x: torch.Tensor) -> dict:
+        graph = trace_model(layer, x)
+        return next(c for c in graph["components"] if c["type"] not in ("input", "output"))
+
+    assert one(nn.AdaptiveAvgPool1d(4), x1())["params"] == {"outputSize": 4}
+    assert one(nn.AdaptiveAvgPool1d(4), x1())["type"] == "adaptiveAvgPool2d"
+    assert one(nn.AdaptiveAvgPool3d(1), x3())["type"] == "globalAvgPool2d"
+    assert one(nn.PixelShuffle(2), x2())["params"] == {"scaleFactor": 2, "mode": "pixelShuffle"}
+    assert one(nn.PixelUnshuffle(2), x2())["params"] == {"scaleFactor": 0.5, "mode": "pixelUnshuffle"}
+    assert one(nn.LSTMCell(8, 6), torch.randn(2, 8))["params"] == {"inputSize": 8, "hiddenSize": 6, "numLayers": 1}
+    assert one(nn.RReLU(0.1, 0.3), x1())["params"] == {"negativeSlope": pytest.approx(0.2)}
+    assert one(nn.ConvTranspose1d(4, 6, 3, stride=2), x1())["params"] == {
+        "inChannels": 4, "outChannels": 6, "kernelSize": 3, "stride": 2, "padding": 0, "outputPadding": 0}
+    bilinear = one(nn.Bilinear(4, 5, 3), (torch.randn(2, 4), torch.randn(2, 5)))
+    assert bilinear["params"] == {"className": "Bilinear", "paramCount": 3 * 4 * 5 + 3}
+    assert one(nn.Unfold(2), x2())["params"] == {"className": "Unfold", "paramCount": 0}

@@ -248,7 +248,11 @@ class Recorder:
             outputs.extend(iter_tensors(kwargs["out"]))
         if out is None and name == "__setitem__" and ins:
             outputs.append(ins[0])
-        self.axes.follow(func, name, args, kwargs, ins, outputs)
+        self.paused = True  # a probe of the batch axis runs torch functions on meta tensors: no FLOPs
+        try:
+            self.axes.follow(func, name, args, kwargs, ins, outputs)
+        finally:
+            self.paused = False
         if not union:
             return out
         kind = MERGES.get(name)
