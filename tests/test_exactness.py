@@ -83,6 +83,29 @@ def test_vit_class_token_and_position_embedding():
                                               "padding": 0}
     assert node_param_sum(graph) == unique_params(model) == graph["measured"]["params"]
     assert graph["measured"]["unusedParams"] == 0
+    # the learned operands are named on the merge (issue 16.4): one edge in, two operands
+    assert comps["cat"]["measured"]["paramOperands"] == [{"operand": 0, "params": ["cls_token"]}]
+    assert comps["cat"]["measured"]["inputShapes"] == [[1, 32], [16, 32]]
+    assert comps["add"]["measured"]["paramOperands"] == [{"operand": 1, "params": ["pos_embed"]}]
+    assert comps["add"]["measured"]["inputShapes"] == [[17, 32], [1, 17, 32]]
+    residuals = [c for c in graph["components"] if c["type"] == "add" and c["name"] != "add"]
+    assert residuals and all("paramOperands" not in c["measured"] for c in residuals)
+
+
+def test_learned_buffer_and_gated_operands():
+    class Sinusoid(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.register_buffer("table", torch.randn(5, 8))
+
+        def forward(self, x):
+            return self.fc(x) + self.table
+
+    graph = trace_model(Sinusoid(), torch.randn(2, 5, 8))
+    assert by_name(graph)["add"]["measured"]["paramOperands"] == [{"operand": 1, "buffers": ["table"]}]
+    gated = trace_model(fm.GatedResidual(), torch.randn(1, 8))  # x + gate * block(x): both computed
+    assert "paramOperands" not in by_name(gated)["add"]["measured"]
 
 
 def test_learned_gate_owned_by_container():

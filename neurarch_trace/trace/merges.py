@@ -58,12 +58,34 @@ def merge_record(index: int, kind: str, scope: str, operands: Operands, out: Any
     first = next((t for t, prov in operands if any(isinstance(k, int) for k in prov)), operands[0][0])
     record.input_shape = axes.shape(first)
     record.operand_shapes = [axes.shape(t) for t, _ in operands]
+    record.param_operands = learned_operands(operands)
     for t in outs:
         record.output_shapes.append(axes.shape(t))
         record.output_bytes += t.numel() * t.element_size()
     if outs:
         record.output_dtype = dtype_name(outs[0].dtype)
     return record
+
+
+def learned_operands(operands: Operands) -> list:
+    """The operands that are learned tensors read directly in ``forward`` (a ViT's ``cls_token``
+    and ``pos_embed``), not computed by any layer or input: ``{"operand": i, "params": [...],
+    "buffers": [...]}`` with the names of the parameters and buffers each is made of (``operand``
+    indexes the node's ``inputShapes``). An operand a layer computed, even one scaled by a learned
+    gate, is not listed."""
+    found = []
+    for i, (_, prov) in enumerate(operands):
+        if any(isinstance(k, int) for k in prov):
+            continue
+        entry: dict = {"operand": i}
+        params = sorted(k[len("param:"):] for k in prov if k.startswith("param:"))
+        buffers = sorted(k[len("buffer:"):] for k in prov if k.startswith("buffer:"))
+        if params:
+            entry["params"] = params
+        if buffers:
+            entry["buffers"] = buffers
+        found.append(entry)
+    return found
 
 
 def _aligned_operand(kind: str, t: torch.Tensor, out: torch.Tensor, state: Any) -> Any:

@@ -48,6 +48,8 @@ class LayerCall:
         module: the module called (None for inputs, merges and the output).
         qualname: the module path the name was made from.
         operand_shapes: a merge's operand shapes (RawShape, then batchless lists).
+        param_operands: a merge's operands that are parameters or buffers read in ``forward``
+            (see :func:`~.merges.learned_operands`); None for other records.
         traced_shape / traced_dtype: an input tensor's full shape (batch included) and dtype name.
         batch_unknown: once serialised, the shape fields kept whole because their batch axis could
             not be followed (``inputShape``, ``outputShapes.0``, ``inputShapes.1``, ``outputShape``).
@@ -72,6 +74,7 @@ class LayerCall:
     module: Optional[nn.Module] = None
     qualname: str = ""
     operand_shapes: Optional[List[Any]] = None
+    param_operands: Optional[List[Dict[str, Any]]] = None
     traced_shape: Optional[List[int]] = None
     traced_dtype: Optional[str] = None
     batch_unknown: List[str] = dataclasses.field(default_factory=list)

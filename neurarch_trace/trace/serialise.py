@@ -108,6 +108,8 @@ def _measured(record: LayerCall, ids: Sequence[str]) -> Dict[str, Any]:
         measured["flops"] = record.flops
     if record.operand_shapes is not None:
         measured["inputShapes"] = record.operand_shapes
+    if record.param_operands:
+        measured["paramOperands"] = record.param_operands
     if record.output_dtype is not None:
         measured["outputDtype"] = record.output_dtype
     measured["outputBytes"] = record.output_bytes
