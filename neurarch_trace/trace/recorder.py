@@ -31,7 +31,7 @@ from neurarch_trace.trace.ownership import Ownership, packed_param_count
 from neurarch_trace.trace.provenance import EMPTY, FlowMode, Provenance
 from neurarch_trace.trace.records import LayerCall, Recording
 from neurarch_trace.trace.stack import LAYER, LayerStack, Names
-from neurarch_trace.trace.tensors import dtype_name, iter_tensors, unique_tensors
+from neurarch_trace.trace.tensors import dtype_name, iter_tensors, output_tensors, unique_tensors
 
 __all__ = ["Recorder"]
 
@@ -97,10 +97,7 @@ class Recorder:
         """Record the output node (fed by the producers of every tensor in ``output``), give the
         inputs their final names, and return the recording."""
         out_record = LayerCall(index=len(self.records), type="output", name="output")
-        outs = unique_tensors(output)
-        if not outs and hasattr(output, "__dict__") and not isinstance(output, nn.Module):
-            # an object that is no container (a torch.distributions.Categorical): the tensors it holds
-            outs = unique_tensors(list(vars(output).values()))
+        outs = output_tensors(output)
         for t in outs:
             prov = self.prov_of(t)
             out_record.add_sources(frozenset(k for k in prov if isinstance(k, int)))
@@ -134,6 +131,16 @@ class Recorder:
         if scope:
             return f"in {scope!r} after {plural(layers, 'layer')}"
         return f"after {plural(layers, 'layer')}"
+
+    def running(self) -> str:
+        """The layer or scope running now, for a warning: ``in layer 'fc' (Linear)``, ``in
+        'encoder'``, or ``""`` at the top level."""
+        layer = self.stack.running_layer()
+        if layer is not None:
+            cls = type(layer.module).__name__ if layer.module is not None else layer.type
+            return f"in layer {layer.name!r} ({cls})"
+        scope = self.stack.current_scope()
+        return f"in {scope!r}" if scope else ""
 
     # --- the hooks --------------------------------------------------------------------------
     def _is_layer(self, module: nn.Module, qual: str) -> bool:

@@ -23,9 +23,10 @@ from neurarch_trace.text import error_line
 from neurarch_trace.trace.batch import sample_inputs
 from neurarch_trace.trace.guard import fast_paths_off, state_kept
 from neurarch_trace.trace.modules import Opaque, opaque_script_modules, unwrap_model
+from neurarch_trace.trace.notices import model_warnings, warn_no_output
 from neurarch_trace.trace.recorder import Recorder
 from neurarch_trace.trace.serialise import build_graph
-from neurarch_trace.trace.tensors import iter_tensors, named_tensors, tensor_text
+from neurarch_trace.trace.tensors import iter_tensors, named_tensors, output_tensors, tensor_text
 
 __all__ = ["trace_model"]
 
@@ -117,6 +118,11 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
                 recorder.flow.restore()  # a forward that raised inside a layer left the mode popped
     except Exception as exc:
         raise _trace_error(exc, recorder, model, args, kwargs, tensors) from exc
+    except SystemExit as exc:  # sys.exit() in a forward: no traceback, and no silent exit either
+        raise TraceError(
+            f"the forward pass called sys.exit({exc.code!r}) {recorder.where()}: a forward must return its "
+            "outputs; trace a model whose forward does not exit"
+        ) from exc
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -157,8 +163,12 @@ def trace_model(
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` or ``inputs`` has another type.
         ValueError: no input tensor, a 0-d first input, or ``depth`` below 0.
-        TraceError: the forward pass raised; the message says how far the trace got and repeats the
-            model's own complaint; the original exception is chained.
+        TraceError: the forward pass raised (or called ``sys.exit``); the message says how far the
+            trace got and repeats the model's own complaint; the original exception is chained.
+
+    Warns:
+        TraceWarning: each warning the forward raised, issued again at the model's own line with
+            the layer that was running; and a forward that returned no tensor.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -185,6 +195,9 @@ def trace_model(
                             root_name=graph_name, samples=frozenset(samples))
         for input_name, t in tensors:
             recorder.add_input(input_name, t)
-        output = _forward(recorder, model, args, call_kwargs, tensors, progress)
+        with model_warnings(recorder.running):
+            output = _forward(recorder, model, args, call_kwargs, tensors, progress)
+    if not output_tensors(output):
+        warn_no_output(model, graph_name)
     return build_graph(recorder.finish(output), model=model, named_inputs=named_inputs, name=graph_name,
                        description=description)

@@ -9,7 +9,7 @@ import torch
 
 from neurarch_trace.text import shape_text
 
-__all__ = ["dtype_name", "iter_tensors", "named_tensors", "tensor_text", "unique_tensors"]
+__all__ = ["dtype_name", "iter_tensors", "named_tensors", "output_tensors", "tensor_text", "unique_tensors"]
 
 #: Nesting depth past which containers are not looked into.
 MAX_DEPTH = 8
@@ -55,6 +55,15 @@ def unique_tensors(obj: Any) -> list:
             seen.add(id(t))
             out.append(t)
     return out
+
+
+def output_tensors(output: Any) -> list:
+    """The tensors a forward returned, each once: those of :func:`unique_tensors`, or, for an
+    object that is no container (a ``torch.distributions.Categorical``), the tensors it holds."""
+    outs = unique_tensors(output)
+    if not outs and hasattr(output, "__dict__") and not isinstance(output, torch.nn.Module):
+        outs = unique_tensors(list(vars(output).values()))
+    return outs
 
 
 def named_tensors(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
