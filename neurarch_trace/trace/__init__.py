@@ -23,6 +23,7 @@ The parts, one job each::
 
     run         trace_model: checks the arguments, runs the forward once, builds the graph
     guard       fast paths off for the trace; the model's parameters, buffers, attributes put back
+    notices     the model's warnings told at its own line; a forward that returned no tensor
     recorder    the hooks and the flow/FLOP callbacks; one LayerCall per node
     records     LayerCall and Recording: the per-node data, with fields and units
     stack       which layer is running, its scope and path; unique names
