@@ -18,9 +18,10 @@ forward changed of
 
 * every buffer, by value (a copy of each buffer is taken before; buffers are small next to the
   weights) and by identity (a buffer rebound to a new tensor gets the old one back);
-* every parameter, by identity; by value the parameters of modules whose class is not one of
-  PyTorch's (a user's own layer may write its weight; PyTorch's layers never do), so the big
-  weights of nn.Linear, nn.Conv2d, nn.Embedding, ... are never copied;
+* every parameter, by identity; by value the parameters of modules whose class is neither
+  PyTorch's nor transformers' (a user's own layer may write its weight; those libraries' layers
+  never do), so the big weights of nn.Linear, nn.Conv2d, nn.Embedding, GPT-2's Conv1D, ... are
+  never copied;
 * module attributes rebound during the forward (``self.calls += 1``, ``self.cache = t``) to the
   object they held before.
 
@@ -28,7 +29,7 @@ A value is written back only when it changed (bitwise, or its version counter mo
 the forward left alone is not touched and autograd graphs the caller holds stay valid. Tensors on
 the meta device hold no values and are not copied; nor are lazy modules' uninitialised parameters
 (their materialisation in the first forward is kept, as PyTorch keeps it). Not restored: a plain
-tensor attribute (neither a parameter nor a buffer) written in place, and a PyTorch layer's weight
+tensor attribute (neither a parameter nor a buffer) written in place, and a library layer's weight
 written in place from outside it (a :class:`UserWarning` names it when its version counter moved).
 """
 
@@ -67,8 +68,13 @@ def _has_values(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and not t.is_meta and not nn.parameter.is_lazy(t)
 
 
-def _pytorch_class(module: nn.Module) -> bool:
-    return type(module).__module__.startswith("torch.")
+#: Libraries whose layers never write their own weights in ``forward``: their parameters are not
+#: copied (GPT-2's 85M parameters live in transformers' Conv1D, LLaMA's in nn.Linear).
+_LIBRARIES = ("torch.", "transformers.")
+
+
+def _library_class(module: nn.Module) -> bool:
+    return type(module).__module__.startswith(_LIBRARIES)
 
 
 _SKIP_ATTRS = frozenset({"training", "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
@@ -87,7 +93,7 @@ class _Snapshot:
             if not isinstance(module, torch.jit.ScriptModule):  # TorchScript rebinds nothing from Python
                 attrs = {k: v for k, v in vars(module).items() if k not in _SKIP_ATTRS}
                 self.modules.append((module, dict(module._parameters), dict(module._buffers), attrs))
-            copy_params = not _pytorch_class(module)
+            copy_params = not _library_class(module)
             for t in module._buffers.values():
                 self._keep(t)
             for name, t in module._parameters.items():
@@ -120,7 +126,7 @@ class _Snapshot:
         moved = [name for name, t, version in self.versions.values() if t._version != version]
         if moved:
             warnings.warn(
-                f"the forward wrote {len(moved)} parameter(s) of PyTorch layers in place "
+                f"the forward wrote {len(moved)} parameter(s) of PyTorch or transformers layers in place "
                 f"({', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}); the trace keeps no copy of "
                 "those, so they keep the new values",
                 UserWarning, stacklevel=4,
