@@ -70,11 +70,12 @@ class Call:
     """One torch function call: ``name``, ``args``, ``kwargs``, ``state_of(tensor)``, and the
     trace's batch size ``batch`` (for the rule on Python sizes only)."""
 
-    __slots__ = ("name", "args", "kwargs", "state_of", "batch")
+    __slots__ = ("name", "args", "kwargs", "state_of", "batch", "_pairs")
 
     def __init__(self, name: str, args: tuple, kwargs: dict, state_of: Callable[[torch.Tensor], State],
                  batch: int) -> None:
         self.name, self.args, self.kwargs, self.state_of, self.batch = name, args, kwargs, state_of, batch
+        self._pairs: Optional[List[tuple]] = None
 
     def arg(self, index: int, key: str, default: Any = None) -> Any:
         """Positional argument ``index`` or keyword ``key``."""
@@ -83,13 +84,16 @@ class Call:
         return self.kwargs.get(key, default)
 
     def tensor_states(self) -> List[tuple]:
-        """``(tensor, state)`` of every tensor argument, nested lists included, in order."""
+        """``(tensor, state)`` of every tensor argument, nested lists included, in order (read once)."""
+        if self._pairs is not None:
+            return self._pairs
         out = []
         for value in list(self.args) + list(self.kwargs.values()):
             items = value if isinstance(value, (list, tuple)) else (value,)
             for item in items:
                 if isinstance(item, torch.Tensor):
                     out.append((item, self.state_of(item)))
+        self._pairs = out
         return out
 
 
@@ -601,6 +605,7 @@ def follow(call: Call, func: Callable, outs: Sequence[torch.Tensor]) -> List[Sta
     if extents and rule is not _view:
         real = call.state_of
         call.state_of = lambda t: _axis(real(t))
+        call._pairs = [(t, _axis(st)) for t, st in pairs]
     states = []
     for out in outs:
         try:

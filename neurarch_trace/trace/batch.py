@@ -185,6 +185,8 @@ class BatchAxes:
     def __init__(self, batch: BatchSize) -> None:
         self._states: Dict[int, Tuple[weakref.ref, State]] = {}
         self._batch = batch
+        # modules whose type fixes no batch axis (every one but the sequence-first kinds): id -> True
+        self._free: Dict[int, bool] = {}
         # layer outputs recorded UNKNOWN, which a later merge may explain: id -> (tensor, shapes, index)
         self._pending: Dict[int, Tuple[weakref.ref, List[RawShape], int]] = {}
         self._inputs: List[Tuple[Any, torch.Tensor, bool]] = []
@@ -202,13 +204,12 @@ class BatchAxes:
         states = self._states
         if state == NO_BATCH and key not in states:
             return
+        states[key] = (weakref.KeyedRef(t, self._drop, key), state)
 
-        def _drop(ref: weakref.ref, key: int = key) -> None:
-            current = states.get(key)
-            if current is not None and current[0] is ref:
-                del states[key]
-
-        states[key] = (weakref.ref(t, _drop), state)
+    def _drop(self, ref: weakref.KeyedRef) -> None:
+        current = self._states.get(ref.key)
+        if current is not None and current[0] is ref:
+            del self._states[ref.key]
 
     def refine(self, t: torch.Tensor, state: State) -> None:
         """A merge explained the lost batch state of ``t``: record it, and on the layer output
@@ -221,7 +222,7 @@ class BatchAxes:
 
     def shape(self, t: torch.Tensor, state: Any = False) -> RawShape:
         """The raw shape of ``t`` with its state (or ``state`` when given)."""
-        return RawShape(tuple(int(d) for d in t.shape), self.of(t) if state is False else state)
+        return RawShape(tuple(t.shape), self.of(t) if state is False else state)
 
     # --- inputs ---------------------------------------------------------------------------------
     def add_input(self, record: Any, t: torch.Tensor, is_sample: bool) -> RawShape:
@@ -249,8 +250,8 @@ class BatchAxes:
         """Give the outputs of one torch function between layers their states (in-place results
         keep theirs)."""
         states = self._states
-        if name not in _SIZING and not any(id(t) in states for t in ins):
-            return  # nothing batched in: nothing batched out (the common case of constants)
+        if not outs or (name not in _SIZING and not any(id(t) in states for t in ins)):
+            return  # no tensor out (x.shape), or nothing batched in: nothing batched out
         if name == "__get__":
             name = getattr(getattr(func, "__self__", None), "__name__", name)
         call = Call(name, args, kwargs, self.of, self._batch.value)
@@ -265,9 +266,19 @@ class BatchAxes:
             self.set(out, sized_state([int(d) for d in out.shape], self._batch.value))
 
     # --- layers ---------------------------------------------------------------------------------
+    def _fixed(self, module: nn.Module, index: int, ndim: int, is_output: bool) -> Optional[int]:
+        """:func:`known_batch_axis`, with the answer "none, for any tensor" cached per module."""
+        free = self._free.get(id(module))
+        if free is None:
+            target = inner(module)
+            free = self._free[id(module)] = not (
+                is_recurrent(target) or isinstance(target, nn.MultiheadAttention)
+                or type(target).__name__.startswith("Transformer"))
+        return None if free else known_batch_axis(module, index, ndim, is_output)
+
     def layer_input(self, module: nn.Module, t: torch.Tensor) -> RawShape:
         """The raw shape of the first input of a layer: the layer's own axis when it fixes one."""
-        axis = known_batch_axis(module, 0, t.dim(), False)
+        axis = self._fixed(module, 0, t.dim(), False)
         return self.shape(t, axis if axis is not None else False)
 
     def layer_outputs(self, module: nn.Module, kind: str, ins: List[torch.Tensor],
@@ -276,7 +287,7 @@ class BatchAxes:
         lead, lead_state = self._leading(module, kind, ins)
         shapes = []
         for i, out in enumerate(outs):
-            state = known_batch_axis(module, i, out.dim(), True)
+            state = self._fixed(module, i, out.dim(), True)
             if state is None:
                 state = _inherit(lead, lead_state, out)
             self.set(out, state)
@@ -290,7 +301,7 @@ class BatchAxes:
             ins = ins[1:2]  # rotary tables follow the position ids, not the hidden states
         states = []
         for i, t in enumerate(ins):
-            axis = known_batch_axis(module, i, t.dim(), False)
+            axis = self._fixed(module, i, t.dim(), False)
             state = axis if axis is not None else self.of(t)
             if known(state):
                 return t, state

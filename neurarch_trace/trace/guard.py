@@ -22,8 +22,8 @@ forward changed of
   PyTorch's nor transformers' (a user's own layer may write its weight; those libraries' layers
   never do), so the big weights of nn.Linear, nn.Conv2d, nn.Embedding, GPT-2's Conv1D, ... are
   never copied;
-* module attributes rebound during the forward (``self.calls += 1``, ``self.cache = t``) to the
-  object they held before.
+* attributes of a user's modules rebound during the forward (``self.calls += 1``, ``self.cache =
+  t``) to the object they held before.
 
 A value is written back only when it changed (bitwise, or its version counter moved), so a tensor
 the forward left alone is not touched and autograd graphs the caller holds stay valid. Tensors on
@@ -90,10 +90,12 @@ class _Snapshot:
         self.values: Dict[int, Tuple[torch.Tensor, torch.Tensor, int]] = {}
         self.versions: Dict[int, Tuple[str, torch.Tensor, int]] = {}
         for qual, module in walk.named_modules(model):
+            library = _library_class(module)
             if not isinstance(module, torch.jit.ScriptModule):  # TorchScript rebinds nothing from Python
-                attrs = {k: v for k, v in vars(module).items() if k not in _SKIP_ATTRS}
+                # the libraries' layers rebind no attribute in forward: only a user's classes' are kept
+                attrs = {} if library else {k: v for k, v in vars(module).items() if k not in _SKIP_ATTRS}
                 self.modules.append((module, dict(module._parameters), dict(module._buffers), attrs))
-            copy_params = not _library_class(module)
+            copy_params = not library
             for t in module._buffers.values():
                 self._keep(t)
             for name, t in module._parameters.items():
