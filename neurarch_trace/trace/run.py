@@ -148,7 +148,8 @@ def trace_model(
         model: any ``nn.Module``; ``torch.compile``, nn.DataParallel and DDP wrappers are traced as
             the model inside them.
         inputs: one tensor, a sequence of tensors (positional arguments) or a dict (keyword
-            arguments), batch first. The first dim of the first tensor is the batch size.
+            arguments), batch first. The first dim of the first tensor is the batch size; an
+            argument that is a list of dicts is a list of samples, its length the batch size.
         kwargs: more keyword arguments, passed after positional ``inputs``.
         name: the graph's name (default: the model's class name).
         depth: stop descending at this depth (1 = the root's children); a container cut off there
