@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import neurarch_trace.plan_cli as plan_cli
 from neurarch_trace._version import __version__
-from neurarch_trace.console import PROG, Parser, say
+from neurarch_trace.console import PROG, Parser, say, show_warning
 from neurarch_trace.contract import (
     check_output_path,
     default_graph_path,
@@ -142,7 +143,8 @@ def _trace_command(args: argparse.Namespace) -> int:
     out_path = check_output_path(args.output) if not to_stdout and args.output is not None else None
 
     progress = Progress()
-    with progress:
+    with progress, warnings.catch_warnings():
+        warnings.showwarning = show_warning  # the model's warnings, one line each (trace.notices)
         graph, loaded_name = trace_target(
             args.target,
             specs,

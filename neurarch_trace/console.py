@@ -5,10 +5,11 @@ exit 2 keeps meaning "blocked" under ``--fail-on-block``)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
-__all__ = ["PROG", "Parser", "say"]
+__all__ = ["PROG", "Parser", "say", "show_warning"]
 
 PROG = "neurarch-trace"
 
@@ -24,3 +25,16 @@ class Parser(argparse.ArgumentParser):
 def say(message: str) -> None:
     """Print ``neurarch-trace: <message>`` on stderr."""
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def show_warning(message: Warning | str, category: type, filename: str, lineno: int, file: object = None,
+                 line: object = None) -> None:
+    """A warning as one line on stderr, ``neurarch-trace: warning: model.py:19: <text>`` (the
+    ``warnings.showwarning`` of the command line; the path relative to the working directory)."""
+    try:
+        shown = os.path.relpath(filename)
+    except ValueError:  # pragma: no cover - another drive on Windows
+        shown = filename
+    shown = filename if shown.startswith("..") else shown
+    text = " ".join(str(message).split())
+    print(f"{PROG}: warning: {shown}:{lineno}: {text}", file=sys.stderr, flush=True)

@@ -8,6 +8,10 @@ message says what went wrong and what to do.
     ├── InputSpecError       a malformed ``--input`` / unknown dtype
     ├── TraceError           the forward pass raised (wraps the model's own error)
     └── GraphError           a graph file or dict that breaks the format contract
+
+    TraceWarning             (a UserWarning) something the trace noticed that the user should know:
+                             a warning the model's forward raised, told at the model's own line, or
+                             a forward that returned no tensor
 """
 
 from __future__ import annotations
@@ -31,3 +35,7 @@ class TraceError(NeurarchError, RuntimeError):
 
 class GraphError(NeurarchError, ValueError):
     """A graph that breaks the ``.neurarch.json`` contract, or a file that is not one."""
+
+
+class TraceWarning(UserWarning):
+    """A warning about the traced model (see the module docstring); ``str()`` is one line."""

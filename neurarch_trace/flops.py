@@ -20,6 +20,11 @@ Where the counter reports nothing or too little on the CPU, this module adds for
   adds (8 FLOPs against 2).
 * Dynamically quantized linear layers (``quantized::linear_dynamic``): :func:`linear_flops` from
   the unpacked weight's shape.
+* ``aten._trilinear`` (nn.Bilinear, ``F.bilinear``): one multiply-add per term of the broadcast
+  product of its three operands, ``2 x N x out x in1 x in2`` for a bilinear layer.
+* Interpolation (``upsample_*``, ``grid_sampler_*``) is data movement with weights, counted 0 like
+  every elementwise op, whatever the mode (nearest, linear, bilinear, bicubic, trilinear): listed by
+  exact name, so no mode is taken for a costly op because of a word in its name.
 
 An operation that does cost FLOPs but has no formula (a custom C++ op, an FFT, a quantized kernel
 outside the cases above) is reported by name as *uncounted*, never as a silent zero.
@@ -103,6 +108,25 @@ for _name, _formula in (("linear", _linear_flops), ("matmul", _matmul_flops),
     if hasattr(_aten, _name):
         _EXTRA[getattr(_aten, _name)] = _formula
 
+def _trilinear_flops(i1: Any, i2: Any, i3: Any, expand1: Any, expand2: Any, expand3: Any, sumdim: Any,
+                     *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    """Each operand with size-1 dims inserted at its ``expand`` positions, broadcast together: one
+    multiply-add per element of that product (the ``sumdim`` axes are summed over)."""
+    shapes = []
+    for t, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        shape = list(t.shape)
+        for d in sorted(expand):
+            shape.insert(d, 1)
+        shapes.append(shape)
+    terms = 1
+    for sizes in zip(*shapes):
+        terms *= max(int(d) for d in sizes)
+    return 2 * terms
+
+
+if hasattr(_aten, "_trilinear"):
+    _EXTRA[_aten._trilinear] = _trilinear_flops
+
 for _name, _formula in (("dot", _vector_flops), ("vdot", _vector_flops), ("mv", _vector_flops),
                         ("addmv", _addmv_flops), ("addbmm", _addbmm_flops)):
     if hasattr(_aten, _name):
@@ -115,6 +139,13 @@ _COSTLY_FRAGMENTS = ("lstm", "gru", "rnn", "attention", "fft", "stft", "matmul",
                      "bilinear", "tensordot", "cdist", "linear", "conv")
 _MATMUL_NAME = re.compile(r"mm($|_)")  # mm, addmm, _int_mm, _weight_int8pack_mm; not cummax
 _NOT_COSTLY = ("convert", "_conv_depthwise2d_backward")  # names that contain a fragment by accident
+#: Interpolation: weighted gathers, 0 by the counter's convention (see the module docstring).
+_FREE_OPS = frozenset({
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+    "_upsample_bilinear2d_aa", "upsample_bicubic2d", "_upsample_bicubic2d_aa", "upsample_trilinear3d",
+    "grid_sampler", "grid_sampler_2d", "grid_sampler_3d", "_grid_sampler_2d_cpu_fallback", "affine_grid_generator",
+})
 _FREE_NAMESPACES = ("aten", "prim", "prims")
 
 # Uncounted ops that a node-level formula covers (the node replaces its count with the formula).
@@ -140,7 +171,7 @@ def _is_costly(name: str, namespace: str) -> bool:
     if namespace not in _FREE_NAMESPACES:
         return True
     base = name.split(".", 1)[1] if "." in name else name
-    if any(word in base for word in _NOT_COSTLY):
+    if base in _FREE_OPS or any(word in base for word in _NOT_COSTLY):
         return False
     return any(frag in base for frag in _COSTLY_FRAGMENTS) or bool(_MATMUL_NAME.search(base))
 

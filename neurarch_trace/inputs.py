@@ -12,12 +12,15 @@ values.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.errors import InputSpecError
+from neurarch_trace.text import gb, shape_text
 
 __all__ = ["DTYPES", "InputSpec", "parse_input", "parse_dtype", "make_inputs", "token_high"]
 
@@ -107,7 +110,7 @@ def token_high(model: nn.Module | None, default: int = 1000) -> int:
     """The exclusive upper bound for random integer inputs: ``min(default, smallest embedding)``."""
     high = default
     if model is not None:
-        for module in model.modules():
+        for module in walk.modules(model):
             if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.num_embeddings > 0:
                 high = min(high, module.num_embeddings)
     return max(high, 1)
@@ -123,7 +126,8 @@ def make_inputs(
     """Random tensors for ``specs``: ``(positional, keyword)``, made under a fixed seed.
 
     Raises:
-        InputSpecError: a positional spec after a keyword one, or a keyword given twice.
+        InputSpecError: a positional spec after a keyword one, a keyword given twice, or a tensor
+            larger than this machine's memory (or one the allocator refuses).
     """
     generator = torch.Generator().manual_seed(SEED)
     high = token_high(model)
@@ -140,14 +144,49 @@ def make_inputs(
         if str(device) == "meta":  # no values, no memory: shapes and dtypes are all a meta trace needs
             tensor = torch.empty(spec.shape, dtype=dtype, device="meta")
         else:
-            is_mask = bool(spec.name and "mask" in spec.name.lower())
-            tensor = _random(spec.shape, dtype, high, generator, is_mask=is_mask)
-            tensor = tensor.to(device) if str(device) != "cpu" else tensor
+            tensor = _allocated(spec, dtype, high, generator, device)
         if spec.name is None:
             args.append(tensor)
         else:
             kwargs[spec.name] = tensor
     return args, kwargs
+
+
+def memory_bytes() -> int | None:
+    """Physical memory of this machine in bytes (``sysconf``), or None where it cannot be read."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _too_large(spec: InputSpec, dtype: torch.dtype, need: int, have: int | None) -> InputSpecError:
+    shown = f"{shape_text(list(spec.shape))} {str(dtype).replace('torch.', '')}"
+    room = f"more than this machine's {gb(have)} of memory" if have else "more than this machine can allocate"
+    return InputSpecError(
+        f"--input {spec.text!r}: a {shown} tensor takes {gb(need)}, {room}; give a smaller shape "
+        "(batch first, e.g. 1,3,224,224), or trace shapes only with --device meta"
+    )
+
+
+def _allocated(spec: InputSpec, dtype: torch.dtype, high: int, gen: torch.Generator, device: str | torch.device,
+               ) -> torch.Tensor:
+    """The random tensor of ``spec``, or an :class:`InputSpecError` when it cannot be allocated."""
+    numel = 1
+    for d in spec.shape:
+        numel *= d
+    need = numel * torch.empty((), dtype=dtype).element_size()
+    have = memory_bytes()
+    if have is not None and need > have:
+        raise _too_large(spec, dtype, need, have)
+    is_mask = bool(spec.name and "mask" in spec.name.lower())
+    try:
+        tensor = _random(spec.shape, dtype, high, gen, is_mask=is_mask)
+    except (MemoryError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
+            raise
+        raise _too_large(spec, dtype, need, have) from exc
+    return tensor.to(device) if str(device) != "cpu" else tensor
 
 
 def _random(shape: tuple[int, ...], dtype: torch.dtype, high: int, gen: torch.Generator, *,

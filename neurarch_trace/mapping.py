@@ -2,11 +2,17 @@
 
 The vocabulary and the exact parameter keys are fixed by ``shared/spec/neurarch-graph.md``. A class
 this table does not know becomes ``customModule`` with its ``className`` and exact ``paramCount``:
-the mapping never guesses a type from a layer's shapes. Every type it returns is checked against the
-contract's vocabulary (:data:`neurarch_trace.contract.TYPES`). Third-party classes are recognised by exact
-class name only (the transformers layers every checkpoint uses), never by a loose pattern; the one
-exception is a container cut off by ``--depth``, whose class name is read for what it says
-(attention, MLP, decoder layer, ...), as the issue asks.
+the mapping never guesses a type, neither from a layer's shapes nor from its class name. Every type
+it returns is checked against the contract's vocabulary (:data:`neurarch_trace.contract.TYPES`).
+
+What is typed: torch.nn's layers by class (subclasses through the MRO): every public layer of
+``torch.nn`` is in :data:`_TORCH_TABLE`, in :data:`CUSTOM_REASONS` (a ``customModule`` on purpose,
+with the reason) or in :data:`NOT_LAYERS` (containers, bases, nn.Identity); ``tests/test_fidelity.py``
+enumerates ``torch.nn`` and fails on a class in none of them. Classes of the transformers package:
+the layers of :data:`_NAMED_TABLE` by exact name (activations, norms, GPT-2's ``Conv1D``; rotary
+embeddings and RMS norms by their name's ending), and, cut off by ``--depth``, the containers of
+:data:`_HF_CONTAINERS` by exact name (attention, MLP, mixture of experts, block, patch embedding).
+A user's class is typed only through a torch.nn class it derives from.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.contract import check_type
 
-__all__ = ["layer_spec", "container_spec", "is_whole_layer", "is_passthrough", "count_params"]
+__all__ = ["CUSTOM_REASONS", "NOT_LAYERS", "container_spec", "count_params", "is_passthrough", "is_whole_layer",
+           "known_container", "layer_spec", "typed_class"]
 
 Spec = tuple[str, dict[str, Any]]
 
@@ -27,7 +35,7 @@ def count_params(module: nn.Module) -> int:
     """Unique learnable parameters of ``module`` and its children (``numel`` summed once each)."""
     seen: set[int] = set()
     total = 0
-    for p in module.parameters():
+    for p in walk.parameters(module):
         if id(p) not in seen:
             seen.add(id(p))
             total += p.numel()
@@ -64,20 +72,8 @@ def _conv(kind: str) -> Callable[[nn.Module], Spec]:
     def spec(mod: nn.Module) -> Spec:
         k = _scalar_or_list(mod.kernel_size)
         s = _scalar_or_list(mod.stride)
-        ks = list(mod.kernel_size)
-        st = list(mod.stride)
-        if (
-            kind == "conv2d"
-            and ks == st
-            and min(ks) > 4
-            and mod.in_channels <= 4
-            and mod.groups == 1
-        ):
-            return "patchEmbed", {
-                "patchSize": k,
-                "embedDim": mod.out_channels,
-                "inChans": mod.in_channels,
-            }
+        # a conv is a conv whatever its shapes: a stride-equals-kernel conv is no patch embedding
+        # by that alone (transformers' patch embedding classes are, cut off by --depth)
         if (
             kind == "conv2d"
             and mod.groups == mod.in_channels
@@ -267,6 +263,112 @@ _TORCH_TABLE: dict[type, Callable[[Any], Spec]] = {
 if hasattr(nn, "RMSNorm"):
     _TORCH_TABLE[nn.RMSNorm] = _rms_norm
 
+
+def _pixel_shuffle(kind: str) -> Callable[[nn.Module], Spec]:
+    def spec(mod: nn.Module) -> Spec:
+        factor = mod.upscale_factor if kind == "pixelShuffle" else mod.downscale_factor
+        return "upsample", {"scaleFactor": factor if kind == "pixelShuffle" else 1 / factor, "mode": kind}
+
+    return spec
+
+
+def _cell(kind: str) -> Callable[[nn.Module], Spec]:
+    def spec(mod: nn.Module) -> Spec:
+        p: dict[str, Any] = {"inputSize": mod.input_size, "hiddenSize": mod.hidden_size, "numLayers": 1}
+        if not mod.bias:
+            p["bias"] = False
+        return kind, p
+
+    return spec
+
+
+def _rrelu(mod: nn.Module) -> Spec:
+    # in eval() (the trace's mode) RReLU's negative slope is fixed at the middle of [lower, upper]
+    return "leakyRelu", {"negativeSlope": (mod.lower + mod.upper) / 2}
+
+
+# torch.nn layers of a family the vocabulary names with a type of other dimensions, or of the same
+# function under another name: the closest type, with its documented keys.
+_TORCH_TABLE.update({
+    # the vocabulary's adaptive pools and pools are 2-d (and 1-d) types: the 1-d and 3-d layers take
+    # them; outputSize, kernelSize and stride list every dim where they differ, the shapes say the dims
+    nn.AdaptiveAvgPool1d: _adaptive("adaptiveAvgPool2d"),
+    nn.AdaptiveAvgPool3d: _adaptive("adaptiveAvgPool2d"),
+    nn.AdaptiveMaxPool1d: _adaptive("adaptiveMaxPool2d"),
+    nn.AdaptiveMaxPool3d: _adaptive("adaptiveMaxPool2d"),
+    nn.MaxPool3d: _pool("maxpool2d"),
+    nn.AvgPool3d: _pool("avgpool2d"),
+    nn.ConvTranspose1d: _conv("transposeConv2d"),
+    nn.ConvTranspose3d: _conv("transposeConv2d"),
+    # one step of one recurrent layer: the layer's type with numLayers 1
+    nn.RNNCell: _cell("rnn"),
+    nn.LSTMCell: _cell("lstm"),
+    nn.GRUCell: _cell("gru"),
+    # sub-pixel upsampling (Shi et al. 2016, "Real-Time Single Image and Video Super-Resolution Using
+    # an Efficient Sub-Pixel Convolutional Neural Network"): channels to space by the factor, and back
+    nn.PixelShuffle: _pixel_shuffle("pixelShuffle"),
+    nn.PixelUnshuffle: _pixel_shuffle("pixelUnshuffle"),
+    nn.CELU: _simple("elu"),  # ELU reparametrised to be continuously differentiable (Barron 2017)
+    nn.RReLU: _rrelu,
+    nn.Softmax2d: _simple("softmax"),  # softmax over the channels
+    nn.Softmin: _simple("softmax"),  # softmax of -x
+    nn.FeatureAlphaDropout: _simple("dropout", p="p"),
+})
+
+#: torch.nn layers that are a ``customModule`` on purpose, and why: the vocabulary has no type for
+#: what they compute. Their FLOPs are counted from the operations they run, as every layer's are;
+#: the note says what that comes to (elementwise, reductions and data movement count 0, the
+#: convention of ``torch.utils.flop_counter``).
+CUSTOM_REASONS: dict[type, str] = {
+    **{cls: "padding: no vocabulary type; data movement, 0 FLOPs" for cls in (
+        nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d,
+        nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d, nn.ReplicationPad1d, nn.ReplicationPad2d,
+        nn.ReplicationPad3d, nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d)},
+    nn.Bilinear: "x1ᵀ W x2 + b has no vocabulary type (linear is x W); 2 x out x in1 x in2 FLOPs per sample",
+    nn.Unfold: "im2col: no vocabulary type; data movement, 0 FLOPs",
+    nn.Fold: "col2im: no vocabulary type; data movement and the sums of overlaps, 0 FLOPs",
+    nn.ChannelShuffle: "a channel permutation: no vocabulary type; data movement, 0 FLOPs",
+    nn.Unflatten: "a reshape (flatten's inverse): no vocabulary type; 0 FLOPs",
+    nn.MaxUnpool1d: "a scatter of pooled values: no vocabulary type; data movement, 0 FLOPs",
+    nn.MaxUnpool2d: "a scatter of pooled values: no vocabulary type; data movement, 0 FLOPs",
+    nn.MaxUnpool3d: "a scatter of pooled values: no vocabulary type; data movement, 0 FLOPs",
+    nn.LPPool1d: "power-average pooling is no average or max pool; elementwise and sums, 0 FLOPs",
+    nn.LPPool2d: "power-average pooling is no average or max pool; elementwise and sums, 0 FLOPs",
+    nn.LPPool3d: "power-average pooling is no average or max pool; elementwise and sums, 0 FLOPs",
+    nn.FractionalMaxPool2d: "max pooling at random fractional strides: no fixed kernelSize/stride; 0 FLOPs",
+    nn.FractionalMaxPool3d: "max pooling at random fractional strides: no fixed kernelSize/stride; 0 FLOPs",
+    nn.LocalResponseNorm: "local response normalisation: no vocabulary type; elementwise, 0 FLOPs",
+    nn.CrossMapLRN2d: "local response normalisation: no vocabulary type; elementwise, 0 FLOPs",
+    nn.CosineSimilarity: "a similarity of two inputs: no vocabulary type; elementwise and sums, 0 FLOPs",
+    nn.PairwiseDistance: "a distance of two inputs: no vocabulary type; elementwise and sums, 0 FLOPs",
+    **{cls: "an activation the vocabulary does not name; elementwise, 0 FLOPs" for cls in (
+        nn.Hardtanh, nn.Hardshrink, nn.Softshrink, nn.Tanhshrink, nn.Softsign, nn.LogSigmoid, nn.Threshold)},
+    **{cls: "a loss: no vocabulary type; elementwise and reductions, 0 FLOPs" for cls in (
+        nn.L1Loss, nn.MSELoss, nn.CrossEntropyLoss, nn.CTCLoss, nn.NLLLoss, nn.PoissonNLLLoss, nn.GaussianNLLLoss,
+        nn.KLDivLoss, nn.BCELoss, nn.BCEWithLogitsLoss, nn.MarginRankingLoss, nn.HingeEmbeddingLoss,
+        nn.MultiLabelMarginLoss, nn.HuberLoss, nn.SmoothL1Loss, nn.SoftMarginLoss, nn.MultiLabelSoftMarginLoss,
+        nn.CosineEmbeddingLoss, nn.MultiMarginLoss, nn.TripletMarginLoss, nn.TripletMarginWithDistanceLoss,
+        *((nn.NLLLoss2d,) if hasattr(nn, "NLLLoss2d") else ()))},
+    **({nn.LinearCrossEntropyLoss: "a classifier's linear fused with its cross-entropy loss: no vocabulary "
+                                   "type; its matmul is counted"} if hasattr(nn, "LinearCrossEntropyLoss") else {}),
+    nn.AdaptiveLogSoftmaxWithLoss: "an adaptive softmax (Grave et al. 2017) over a head and tail clusters: "
+                                   "traced into its linears; cut off by --depth, no vocabulary type",
+}
+
+#: torch.nn classes that are no layer of their own: containers the trace descends into, abstract
+#: bases, wrappers it looks through, and nn.Identity (no node: its output is its input).
+NOT_LAYERS: dict[type, str] = {
+    nn.Module: "the base class", nn.Sequential: "a container", nn.ModuleList: "a container",
+    nn.ModuleDict: "a container", nn.ParameterList: "holds parameters, no forward",
+    nn.ParameterDict: "holds parameters, no forward", nn.RNNBase: "the base of nn.RNN/LSTM/GRU",
+    nn.RNNCellBase: "the base of the cells", nn.Identity: "no node: its output is its input",
+    nn.DataParallel: "a wrapper: the model inside is traced",
+    nn.TransformerEncoder: "a stack of encoder layers: a container (transformerBlock each)",
+    nn.TransformerDecoder: "a stack of decoder layers: a container (transformerBlock each)",
+    nn.Transformer: "an encoder and a decoder: a container",
+    **({nn.Container: "the deprecated base of containers"} if hasattr(nn, "Container") else {}),
+}
+
 # Quantized modules (torch.ao.nn.quantized): their weights live in packed params, not nn.Parameters.
 try:  # pragma: no branch - present in every supported torch
     import torch.ao.nn.quantized as _nnq
@@ -338,6 +440,12 @@ def _lookup(mod: nn.Module) -> Callable[[Any], Spec] | None:
     return None
 
 
+def typed_class(cls: type) -> bool:
+    """True when the torch.nn table gives instances of ``cls`` a vocabulary type (through its MRO),
+    or types them as a container cut off by ``--depth``."""
+    return any(c in _TORCH_TABLE or c in _TORCH_CONTAINERS for c in cls.__mro__)
+
+
 def is_whole_layer(mod: nn.Module) -> bool:
     """A module the table knows: one node even when it has children (nn.MultiheadAttention, a
     quantized Linear holding its packed parameters in a child)."""
@@ -386,14 +494,18 @@ def _read_int(mod: nn.Module, attrs: tuple[str, ...]) -> int | None:
 
 
 def _find_attention(mod: nn.Module) -> nn.Module | None:
-    for sub in mod.modules():
-        if sub is not mod and ("attention" in type(sub).__name__.lower() or isinstance(sub, nn.MultiheadAttention)):
+    """The first attention inside a listed block: a listed attention class or nn.MultiheadAttention."""
+    for sub in walk.modules(mod):
+        if sub is mod:
+            continue
+        known = known_container(sub)
+        if isinstance(sub, nn.MultiheadAttention) or (known is not None and known[0] == "attention"):
             return sub
     return None
 
 
 def _linears(mod: nn.Module) -> list[nn.Module]:
-    return [m for m in mod.modules() if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
+    return [m for m in walk.modules(mod) if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
 
 
 def _in_out(lin: nn.Module) -> tuple[int, int]:
@@ -419,88 +531,174 @@ def _ff_dims(mod: nn.Module) -> tuple[int | None, int | None]:
     return first_in, first_out
 
 
+def _names(text: str) -> frozenset:
+    return frozenset(text.split())
+
+
+#: transformers containers typed when cut off by ``--depth``, by exact class name (the class, or the
+#: first class of its MRO, must be defined in the transformers package): attention, MLP, mixture of
+#: experts, transformer block and patch embedding classes of the common architectures. Any other
+#: container, a user's own included whatever its name, is a ``customModule``.
+_HF_CONTAINERS: dict[str, str] = {
+    **dict.fromkeys(_names("""
+        AlbertAttention BartAttention BeitAttention BeitSelfAttention BertAttention BertCrossAttention
+        BertSelfAttention BloomAttention CLIPAttention CohereAttention DbrxAttention DebertaV2Attention
+        DeiTAttention DeiTSelfAttention Dinov2Attention Dinov2SelfAttention DisentangledSelfAttention
+        DistilBertSelfAttention MultiHeadSelfAttention ElectraAttention ElectraCrossAttention
+        ElectraSelfAttention FalconAttention GPT2Attention GPTJAttention GPTNeoAttention GPTNeoSelfAttention
+        GPTNeoXAttention GemmaAttention Gemma2Attention Gemma3Attention GraniteAttention JambaAttention
+        LlamaAttention MBartAttention MT5Attention MT5LayerCrossAttention MT5LayerSelfAttention
+        MistralAttention MixtralAttention MptAttention OPTAttention OlmoAttention PhiAttention Phi3Attention
+        Qwen2Attention Qwen2MoeAttention Qwen3Attention Qwen3MoeAttention RobertaAttention
+        RobertaCrossAttention RobertaSelfAttention SegformerAttention SegformerEfficientSelfAttention
+        SiglipAttention Starcoder2Attention SwinAttention SwinSelfAttention T5Attention
+        T5LayerCrossAttention T5LayerSelfAttention ViTAttention ViTSelfAttention Wav2Vec2Attention
+        WhisperAttention XLMRobertaAttention XLMRobertaCrossAttention XLMRobertaSelfAttention
+    """), "attention"),
+    **dict.fromkeys(_names("""
+        BeitMLP BloomMLP CLIPMLP CohereMLP DbrxFFN DeiTMLP Dinov2MLP Dinov2SwiGLUFFN FFN FalconMLP GPT2MLP
+        GPTJMLP GPTNeoMLP GPTNeoXMLP GemmaMLP Gemma2MLP Gemma3MLP GraniteMLP JambaMLP LlamaMLP MistralMLP
+        MixtralBlockSparseTop2MLP MptMLP OlmoMLP PhiMLP Phi3MLP Qwen2MLP Qwen2MoeMLP Qwen3MLP Qwen3MoeMLP
+        SegformerMLP SegformerMixMLP SiglipMLP Starcoder2MLP SwinMLP ViTMLP Wav2Vec2FeedForward
+    """), "mlp"),
+    **dict.fromkeys(_names("""
+        MixtralSparseMoeBlock Qwen2MoeSparseMoeBlock Qwen3MoeSparseMoeBlock JambaSparseMoeBlock
+    """), "moe"),
+    **dict.fromkeys(_names("""
+        AlbertLayer BartDecoderLayer BartEncoderLayer BeitLayer BertLayer BloomBlock CLIPEncoderLayer
+        CohereDecoderLayer DbrxBlock DebertaV2Layer DeiTLayer Dinov2Layer ElectraLayer FalconDecoderLayer
+        GPT2Block GPTJBlock GPTNeoBlock GPTNeoXLayer GemmaDecoderLayer Gemma2DecoderLayer Gemma3DecoderLayer
+        GraniteDecoderLayer JambaAttentionDecoderLayer LlamaDecoderLayer MBartDecoderLayer MBartEncoderLayer
+        MT5Block MistralDecoderLayer MixtralDecoderLayer MptBlock OPTDecoderLayer OlmoDecoderLayer
+        PhiDecoderLayer Phi3DecoderLayer Qwen2DecoderLayer Qwen2MoeDecoderLayer Qwen3DecoderLayer
+        Qwen3MoeDecoderLayer RobertaLayer SegformerLayer SiglipEncoderLayer Starcoder2DecoderLayer SwinLayer
+        T5Block TransformerBlock ViTLayer Wav2Vec2EncoderLayer Wav2Vec2EncoderLayerStableLayerNorm
+        WhisperDecoderLayer WhisperEncoderLayer XLMRobertaLayer
+    """), "block"),
+    **dict.fromkeys(_names("""
+        ViTPatchEmbeddings DeiTPatchEmbeddings BeitPatchEmbeddings Dinov2PatchEmbeddings SwinPatchEmbeddings
+    """), "patch"),
+}
+
+#: torch.nn containers typed when cut off by ``--depth`` (exact classes, subclasses through the MRO).
+_TORCH_CONTAINERS: dict[type, str] = {nn.TransformerEncoderLayer: "block", nn.TransformerDecoderLayer: "block"}
+
+
+def known_container(mod: nn.Module) -> tuple[str, str] | None:
+    """``(family, class name)`` of a container the mapping knows (see :data:`_HF_CONTAINERS`), or
+    None."""
+    for cls in type(mod).__mro__:
+        family = _TORCH_CONTAINERS.get(cls)
+        if family is not None:
+            return family, cls.__name__
+        if cls.__module__.startswith(_THIRD_PARTY) and cls.__name__ in _HF_CONTAINERS:
+            return _HF_CONTAINERS[cls.__name__], cls.__name__
+        if cls is nn.Module:
+            break
+    return None
+
+
 def container_spec(mod: nn.Module, *, param_count: int) -> Spec:
     """The ``(type, params)`` of a container cut off by ``--depth`` (see :func:`_container_spec`)."""
     kind, params = _container_spec(mod, param_count=param_count)
     return check_type(kind), params
 
 
-def _container_spec(mod: nn.Module, *, param_count: int) -> Spec:
-    """The ``(type, params)`` of a container cut off by ``--depth``.
+def _present(p: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in p.items() if v is not None}
 
-    Table layers first; then the class name is read for what it says: ``*Attention*`` becomes
-    ``groupedQueryAttention`` (fewer key/value heads than query heads), ``selfAttention``,
-    ``causalAttention``, ``crossModalAttention`` or ``attention``; ``*MLP*``/``*FeedForward*``/``*FFN*``
-    becomes ``swiglu`` (gate/up/down projections) or ``feedForward``; ``*MoE*``/``*SparseMoe*`` a
-    ``moeLayer``; ``*Layer``/``*Block`` holding an attention a ``transformerBlock``; ``*Residual*``
-    ``residual``; ``*SqueezeExcit*``/``SE*Block`` ``seBlock``; ``*Rotary*`` ``rope``;
-    ``*Positional*`` ``positionalEncoding``. Dimensions are read from the module (or its
-    ``config``) when it exposes them; anything else is a ``customModule``.
-    """
+
+def _attention_spec(mod: nn.Module, name: str) -> Spec:
+    embed, heads, kv = _attention_dims(mod)
+    if embed is None:
+        lins = _linears(mod)
+        if lins:
+            embed = _in_out(lins[0])[0]
+    if heads is not None and kv is not None and kv < heads:
+        return "groupedQueryAttention", _present({"embedDim": embed, "numHeads": heads, "numKVHeads": kv})
+    low = name.lower()
+    kind = "attention"
+    if "cross" in low:
+        kind = "crossModalAttention"
+    elif "causal" in low:
+        kind = "causalAttention"
+    elif "selfattention" in low:
+        kind = "selfAttention"
+    return kind, _present({"embedDim": embed, "numHeads": heads})
+
+
+def _moe_spec(mod: nn.Module) -> Spec:
+    experts = getattr(mod, "experts", None)
+    if isinstance(experts, (nn.ModuleList, list)):
+        n_exp = len(experts)
+    else:
+        n_exp = _read_int(mod, ("num_experts", "num_local_experts"))
+    top_k = _read_int(mod, ("top_k", "num_experts_per_tok"))
+    embed, ff = _ff_dims(experts[0]) if isinstance(experts, nn.ModuleList) and len(experts) else (None, None)
+    return "moeLayer", _present({"embedDim": embed or _read_int(mod, _EMBED_ATTRS), "numExperts": n_exp,
+                                 "expertDim": ff, "topK": top_k})
+
+
+def _mlp_spec(mod: nn.Module) -> Spec:
+    names = dict(walk.named_children(mod))
+    if {"gate_proj", "up_proj", "down_proj"} <= names.keys():
+        embed, inter = _in_out(names["up_proj"])
+        return "swiglu", {"embedDim": embed, "intermediateSize": inter}
+    embed, ff = _ff_dims(mod)
+    return "feedForward", _present({"embedDim": embed, "ffDim": ff})
+
+
+def _block_spec(mod: nn.Module, param_count: int) -> Spec:
+    """A listed block holding an attention: its width, heads and feed-forward width, read from its
+    attention and MLP children (transformers' own structure) or its config."""
+    attn = _find_attention(mod)
+    if attn is None:
+        return "customModule", {"className": type(mod).__name__, "paramCount": param_count}
+    embed, heads, _ = _attention_dims(attn)
+    if embed is None:
+        embed = _read_int(mod, _EMBED_ATTRS)
+    if heads is None:
+        heads = _read_int(mod, _HEAD_ATTRS)
+    ff = None
+    for sub in walk.modules(mod):
+        sub_low = type(sub).__name__.lower()
+        if sub is not mod and ("mlp" in sub_low or "feedforward" in sub_low or "intermediate" in sub_low):
+            names = dict(walk.named_children(sub))
+            ff = _in_out(names["up_proj"])[1] if "up_proj" in names else _ff_dims(sub)[1]
+            break
+    if ff is None and isinstance(getattr(mod, "linear1", None), nn.Linear):
+        ff = mod.linear1.out_features  # nn.TransformerEncoderLayer / DecoderLayer
+    return "transformerBlock", _present({"embedDim": embed, "numHeads": heads, "ffDim": ff})
+
+
+def _patch_spec(mod: nn.Module, param_count: int) -> Spec:
+    conv = getattr(mod, "projection", None)
+    if not isinstance(conv, nn.Conv2d):
+        return "customModule", {"className": type(mod).__name__, "paramCount": param_count}
+    return "patchEmbed", {"patchSize": _scalar_or_list(conv.kernel_size), "embedDim": conv.out_channels,
+                          "inChans": conv.in_channels}
+
+
+def _container_spec(mod: nn.Module, *, param_count: int) -> Spec:
+    """The ``(type, params)`` of a container cut off by ``--depth``: a table layer as such; a
+    container :func:`known_container` knows by its family (attention: ``groupedQueryAttention``
+    when it has fewer key/value heads than query heads, else ``selfAttention``,
+    ``crossModalAttention``, ``causalAttention`` or ``attention`` as its class says; MLP: ``swiglu``
+    with gate/up/down projections, else ``feedForward``; ``moeLayer``; ``transformerBlock`` for a
+    block holding an attention; ``patchEmbed``), with the dimensions read from the module or its
+    ``config``; anything else a ``customModule``: a class name is never read for what it might be."""
     if _lookup(mod) is not None:
         return layer_spec(mod, param_count=param_count)
-    name = type(mod).__name__
-    low = name.lower()
-    p: dict[str, Any] = {}
-    if "attention" in low or low.endswith("attn"):
-        embed, heads, kv = _attention_dims(mod)
-        if embed is None:
-            lins = _linears(mod)
-            if lins:
-                embed = _in_out(lins[0])[0]
-        if heads is not None and kv is not None and kv < heads:
-            p = {"embedDim": embed, "numHeads": heads, "numKVHeads": kv}
-            return "groupedQueryAttention", {k: v for k, v in p.items() if v is not None}
-        kind = "attention"
-        if "cross" in low:
-            kind = "crossModalAttention"
-        elif "causal" in low:
-            kind = "causalAttention"
-        elif "selfattention" in low:
-            kind = "selfAttention"
-        p = {"embedDim": embed, "numHeads": heads}
-        return kind, {k: v for k, v in p.items() if v is not None}
-    if "moe" in low:
-        experts = getattr(mod, "experts", None)
-        if isinstance(experts, (nn.ModuleList, list)):
-            n_exp = len(experts)
-        else:
-            n_exp = _read_int(mod, ("num_experts", "num_local_experts"))
-        top_k = _read_int(mod, ("top_k", "num_experts_per_tok"))
-        embed, ff = _ff_dims(experts[0]) if isinstance(experts, nn.ModuleList) and len(experts) else (None, None)
-        p = {"embedDim": embed or _read_int(mod, _EMBED_ATTRS), "numExperts": n_exp, "expertDim": ff, "topK": top_k}
-        return "moeLayer", {k: v for k, v in p.items() if v is not None}
-    if "mlp" in low or "feedforward" in low or "ffn" in low:
-        names = dict(mod.named_children())
-        if {"gate_proj", "up_proj", "down_proj"} <= names.keys():
-            embed, inter = _in_out(names["up_proj"])
-            return "swiglu", {"embedDim": embed, "intermediateSize": inter}
-        embed, ff = _ff_dims(mod)
-        return "feedForward", {k: v for k, v in {"embedDim": embed, "ffDim": ff}.items() if v is not None}
-    if "rotary" in low:
-        return "rope", {}
-    if "positional" in low:
-        return "positionalEncoding", {k: v for k, v in {"embedDim": _read_int(mod, _EMBED_ATTRS)}.items() if v}
-    if "squeezeexcit" in low or (low.startswith("se") and low.endswith("block")):
-        return "seBlock", {}
-    if "residual" in low:
-        return "residual", {}
-    if (low.endswith("layer") or low.endswith("block")) and _find_attention(mod) is not None:
-        attn = _find_attention(mod)
-        embed, heads, _ = _attention_dims(attn) if attn is not None else (None, None, None)
-        if embed is None:
-            embed = _read_int(mod, _EMBED_ATTRS)
-        if heads is None:
-            heads = _read_int(mod, _HEAD_ATTRS)
-        ff = None
-        for sub in mod.modules():
-            sub_low = type(sub).__name__.lower()
-            if sub is not mod and ("mlp" in sub_low or "feedforward" in sub_low or "intermediate" in sub_low):
-                names = dict(sub.named_children())
-                ff = _in_out(names["up_proj"])[1] if "up_proj" in names else _ff_dims(sub)[1]
-                break
-        if ff is None and isinstance(getattr(mod, "linear1", None), nn.Linear):
-            ff = mod.linear1.out_features  # nn.TransformerEncoderLayer / DecoderLayer
-        p = {"embedDim": embed, "numHeads": heads, "ffDim": ff}
-        return "transformerBlock", {k: v for k, v in p.items() if v is not None}
-    return "customModule", {"className": name, "paramCount": param_count}
+    known = known_container(mod)
+    if known is None:
+        return "customModule", {"className": type(mod).__name__, "paramCount": param_count}
+    family, name = known
+    if family == "attention":
+        return _attention_spec(mod, name)
+    if family == "moe":
+        return _moe_spec(mod)
+    if family == "mlp":
+        return _mlp_spec(mod)
+    if family == "patch":
+        return _patch_spec(mod, param_count)
+    return _block_spec(mod, param_count)

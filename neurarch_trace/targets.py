@@ -218,6 +218,44 @@ def _looks_like_path(ident: str) -> bool:
     return ident.startswith((".", "/", "~")) or ident.count("/") > 1 or os.sep != "/" and os.sep in ident
 
 
+#: Seconds the hub's address may take to answer one connection before it counts as unreachable.
+HUB_TIMEOUT_S = 3.0
+
+
+def _hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` set (as huggingface_hub reads it: any value but empty, 0, false, no, off)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def hub_unreachable(timeout: float = HUB_TIMEOUT_S) -> str | None:
+    """None when one TCP connection to the hub (``HF_ENDPOINT``, default https://huggingface.co)
+    opens within ``timeout`` seconds, else why not (``no network``, ``timed out after 3 s``). The
+    name lookup, which a socket timeout does not bound, runs on a daemon thread, so this returns
+    within ``timeout`` whatever the network does; huggingface_hub's own retries would take 30 s."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    result: list = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(None)
+        except OSError as exc:
+            result.append(f"{host}:{port}: {exc.strerror or exc}")
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not result:
+        return f"{host}:{port}: no answer within {timeout:g} s"
+    return result[0]
+
+
 def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoModel",
              quiet: bool = True) -> LoadedTarget:
     if not ident:
@@ -247,13 +285,20 @@ def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoMod
         raise TargetError(f"hf:{ident}: folder {ident} does not exist")
     if local and not os.path.exists(os.path.join(ident, "config.json")):
         raise TargetError(f"hf:{ident} has no config.json: give a folder written by save_pretrained, or a hub repo id")
+    offline = _hub_offline()
+    unreachable = None if local or offline else hub_unreachable()
+    cache_only = offline or unreachable is not None
     try:
-        config = transformers.AutoConfig.from_pretrained(ident)
+        config = transformers.AutoConfig.from_pretrained(ident, local_files_only=cache_only)
     except OSError as exc:
         if local:
             config = os.path.join(ident, "config.json")
             raise TargetError(f"hf:{ident}: cannot read {config}: {error_line(exc)}") from exc
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        if unreachable is not None:
+            raise TargetError(
+                f"cannot reach the Hugging Face hub ({unreachable}) and {ident!r} is not in the local cache: "
+                "connect and try again, or pass a local folder (hf:./path)"
+            ) from exc
         why = ("HF_HUB_OFFLINE is set and it is not in the local cache" if offline
                else "it is neither a local folder nor a repo the hub or the local cache has")
         raise TargetError(
@@ -263,7 +308,7 @@ def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoMod
         raise TargetError(f"hf:{ident}: transformers cannot read its config: {error_line(exc)}") from exc
     try:
         if weights:
-            model = builder.from_pretrained(ident, config=config)
+            model = builder.from_pretrained(ident, config=config, local_files_only=cache_only)
             if device != "cpu":
                 model = model.to(device)
         else:

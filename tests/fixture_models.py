@@ -344,3 +344,43 @@ class ComplexLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x).abs()
+
+
+class ShadowedMethods(nn.Module):
+    """Attributes that shadow nn.Module methods (torchview's report: submodules kept in a plain list
+    named ``modules``; here also a config dict named ``parameters`` and flags named ``eval``/``train``).
+    ``model(x)`` runs in PyTorch; ``model.modules()`` and ``model.eval()`` raise TypeError."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 4)])
+        self.norm = nn.BatchNorm1d(4)
+        self.modules = list(self.blocks)
+        self.named_modules = "blocks"
+        self.parameters = {"width": 8}
+        self.named_parameters = None
+        self.buffers = []
+        self.named_buffers = ()
+        self.children = 2
+        self.eval = "accuracy"
+        self.train = [True]
+        self.register_forward_hook = None
+        self.register_forward_pre_hook = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.modules:
+            x = torch.relu(layer(x))
+        return self.norm(x)
+
+
+class ShadowedChild(nn.Module):
+    """A child (not the root) with a shadowed ``named_modules``, which PyTorch's recursive
+    iterators call on every submodule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = ShadowedMethods()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.inner(x))

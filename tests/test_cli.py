@@ -301,3 +301,149 @@ def test_output_through_a_symlink_and_an_unwritable_place(tmp_path, capfd):
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("neurarch-trace: cannot write /proc/version"), err
     assert "internal error" not in err
+
+
+# --- user errors that showed as internal errors or as silence (issue 16.5) ----------------------
+
+EDGE_MODULE = """
+import sys
+import torch
+from torch import nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+    def forward(self, x):
+        return self.fc(x)
+class Exits(Net):
+    def forward(self, x):
+        sys.exit(3)
+class ReturnsNone(Net):
+    def forward(self, x):
+        self.fc(x)
+class Warns(Net):
+    def forward(self, x):
+        return torch.nn.functional.softmax(self.fc(x))
+"""
+
+
+def _one_line_error(err: str) -> None:
+    assert err.count("\n") == 1 and err.startswith("neurarch-trace: "), err
+    assert "internal error" not in err and "Traceback" not in err
+
+
+def test_an_input_larger_than_memory_is_one_line(tmp_path, capfd):
+    (tmp_path / "m.py").write_text(EDGE_MODULE)
+    code, out, err = run(["m.py:Net", "--input", "100000000000,4"], tmp_path, capfd)
+    assert code == 1 and out == ""
+    _one_line_error(err)
+    assert "--input '100000000000,4': a 100000000000x4 float32 tensor takes 1,600.0 GB, more than this " in err
+    assert "--device meta" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]
+
+
+def test_a_forward_calling_sys_exit_is_one_line(tmp_path, capfd):
+    (tmp_path / "m.py").write_text(EDGE_MODULE)
+    code, out, err = run(["m.py:Exits", "--input", "1,4"], tmp_path, capfd)
+    assert code == 1 and out == ""
+    _one_line_error(err)
+    assert "the forward pass called sys.exit(3) after 0 layers" in err
+    assert not (tmp_path / "Exits.neurarch.json").exists()
+
+
+def test_a_forward_returning_none_says_so(tmp_path, capfd):
+    (tmp_path / "m.py").write_text(EDGE_MODULE)
+    code, out, err = run(["m.py:ReturnsNone", "--input", "1,4"], tmp_path, capfd)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines[0] == ("neurarch-trace: warning: m.py:15: ReturnsNone's forward returned no tensor: the graph's "
+                        "output node is fed only by the layers whose results nothing used "
+                        "(measured.syntheticConnections); return the outputs to connect them")
+    # with no output there is no loss to train on: the step is not rehearsed, and the plan would estimate
+    assert lines[1] == ("neurarch-trace: training step not rehearsed, memory will be estimated from layer "
+                        "outputs: no output of the model depends on a trainable parameter, so there is no backward")
+    assert lines[2] == "wrote ReturnsNone.neurarch.json (1 layers, 3 connections)"
+
+
+def test_a_model_warning_is_told_at_the_models_line(tmp_path, capfd):
+    (tmp_path / "m.py").write_text(EDGE_MODULE)
+    code, out, err = run(["m.py:Warns", "--input", "1,4", "-o", "-"], tmp_path, capfd)
+    assert code == 0 and json.loads(out)["name"] == "Warns"
+    assert err == ("neurarch-trace: warning: m.py:19: Implicit dimension choice for softmax has been deprecated. "
+                   "Change the call to include dim=X as an argument. (UserWarning)\n")
+    assert "provenance.py" not in err and "neurarch_trace" not in err
+
+
+def test_output_under_a_file_says_it_is_a_file(tmp_path, capfd):
+    (tmp_path / "m.py").write_text(EDGE_MODULE)
+    (tmp_path / "good.json").write_text("earlier")
+    code, out, err = run(["m.py:Net", "--input", "1,4", "-o", "good.json/x.json"], tmp_path, capfd)
+    assert code == 1
+    _one_line_error(err)
+    assert err == f"neurarch-trace: cannot write good.json/x.json: {tmp_path / 'good.json'} is a file, not a folder\n"
+    assert (tmp_path / "good.json").read_text() == "earlier"
+
+
+def test_hf_without_network_fails_within_seconds(tmp_path, capfd, monkeypatch, refused_port):
+    import time
+
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{refused_port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    start = time.monotonic()
+    code, out, err = run(["hf:no-such-org/no-such-model"], tmp_path, capfd)
+    assert time.monotonic() - start < 10  # huggingface_hub's own retries took 30 s
+    assert code == 1 and out == ""
+    _one_line_error(err)
+    assert err.startswith(f"neurarch-trace: cannot reach the Hugging Face hub (127.0.0.1:{refused_port}: ")
+    assert err.endswith("and 'no-such-org/no-such-model' is not in the local cache: connect and try again, "
+                        "or pass a local folder (hf:./path)\n")
+
+
+def test_hub_check_times_out_on_a_silent_address():
+    import time
+
+    from neurarch_trace.targets import hub_unreachable
+
+    start = time.monotonic()
+    # a TEST-NET-1 address (RFC 5737): nothing answers, so the connection can only time out
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_ENDPOINT", "https://192.0.2.1")
+        why = hub_unreachable(timeout=0.5)
+    assert why is not None and why.startswith("192.0.2.1:443")
+    assert time.monotonic() - start < 3
+
+
+@pytest.mark.slow
+def test_hf_without_network_uses_the_local_cache(tmp_path, refused_port):
+    # a hub cache as huggingface_hub lays it out: refs/main names the snapshot holding config.json
+    repo = tmp_path / "hf-home" / "hub" / "models--tiny-org--tiny-bert"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    (snapshot / "config.json").write_text(json.dumps({
+        "model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 64, "vocab_size": 50}))
+    env = {"HF_HOME": str(tmp_path / "hf-home"), "HF_ENDPOINT": f"http://127.0.0.1:{refused_port}"}
+    proc = run_subprocess(["neurarch-trace", "hf:tiny-org/tiny-bert", "-o", "t.json"], tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "t.json").read_text())["measured"]["params"] > 0
+
+
+def test_a_model_attribute_shadowing_a_module_method(tmp_path, capfd):
+    # torchview's report: submodules kept in a plain list named `modules` (issue 16.1)
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        from torch import nn
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Linear(4, 4)
+                self.b = nn.Embedding(10, 4)
+                self.modules = [self.a]
+            def forward(self, x):
+                return self.modules[0](x)
+    """))
+    code, _, err = run(["m.py:Net", "--input", "2,4", "-o", "g.json"], tmp_path, capfd)
+    assert code == 0, err
+    assert [c["type"] for c in json.loads((tmp_path / "g.json").read_text())["components"]] == [
+        "input", "linear", "output"]

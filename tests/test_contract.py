@@ -176,8 +176,10 @@ def _args_for(cls: type) -> tuple:
         return (2,)
     if "Embedding" in name:
         return (10, 4)
-    if name in ("LSTM", "GRU", "RNN"):
+    if name in ("LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"):
         return (4, 4)
+    if name in ("PixelShuffle", "PixelUnshuffle"):
+        return (2,)
     if name == "MultiheadAttention":
         return (4, 2)
     if "BatchNorm" in name or "InstanceNorm" in name:

@@ -77,10 +77,35 @@ def test_vit_class_token_and_position_embedding():
     assert comps["add"]["measured"]["params"] == model.pos_embed.numel() == 17 * 32
     assert sources_of(graph, "cat") == ["patch_embed"]
     assert sources_of(graph, "add") == ["cat"]
-    assert comps["patch_embed"]["type"] == "patchEmbed"
-    assert comps["patch_embed"]["params"] == {"patchSize": 8, "embedDim": 32, "inChans": 3}
+    # a conv with stride = kernel is a conv: its shapes do not make it a patch embedding (issue 16.3)
+    assert comps["patch_embed"]["type"] == "conv2d"
+    assert comps["patch_embed"]["params"] == {"inChannels": 3, "outChannels": 32, "kernelSize": 8, "stride": 8,
+                                              "padding": 0}
     assert node_param_sum(graph) == unique_params(model) == graph["measured"]["params"]
     assert graph["measured"]["unusedParams"] == 0
+    # the learned operands are named on the merge (issue 16.4): one edge in, two operands
+    assert comps["cat"]["measured"]["paramOperands"] == [{"operand": 0, "params": ["cls_token"]}]
+    assert comps["cat"]["measured"]["inputShapes"] == [[1, 32], [16, 32]]
+    assert comps["add"]["measured"]["paramOperands"] == [{"operand": 1, "params": ["pos_embed"]}]
+    assert comps["add"]["measured"]["inputShapes"] == [[17, 32], [1, 17, 32]]
+    residuals = [c for c in graph["components"] if c["type"] == "add" and c["name"] != "add"]
+    assert residuals and all("paramOperands" not in c["measured"] for c in residuals)
+
+
+def test_learned_buffer_and_gated_operands():
+    class Sinusoid(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.register_buffer("table", torch.randn(5, 8))
+
+        def forward(self, x):
+            return self.fc(x) + self.table
+
+    graph = trace_model(Sinusoid(), torch.randn(2, 5, 8))
+    assert by_name(graph)["add"]["measured"]["paramOperands"] == [{"operand": 1, "buffers": ["table"]}]
+    gated = trace_model(fm.GatedResidual(), torch.randn(1, 8))  # x + gate * block(x): both computed
+    assert "paramOperands" not in by_name(gated)["add"]["measured"]
 
 
 def test_learned_gate_owned_by_container():
@@ -529,3 +554,47 @@ def test_distribution_output_does_not_break_the_trace():
     assert_clean(graph)
     assert [c["name"] for c in graph["components"]] == ["x", "linear", "final", "output"]
     assert sources_of(graph, "output") == ["final"]
+    # Categorical keeps `logits` and `_param` as one tensor: one output (issue 16.2)
+    dist = Policy()(torch.randn(1, 10))
+    assert dist.logits is dist._param
+    assert by_name(graph)["output"]["measured"]["outputShapes"] == [[5]]
+
+
+def test_a_tensor_returned_twice_is_one_output():
+    class Twice(nn.Module):
+        def forward(self, x):
+            y = x * 2
+            return y, [x, y]
+
+    model = nn.Sequential(nn.Linear(4, 4), Twice())
+    graph = trace_model(model, torch.randn(3, 4))
+    assert_clean(graph)
+    twice = by_name(graph)["1"]["measured"]
+    assert twice["outputShapes"] == [[4], [4]]  # y and x, y once
+    assert twice["outputBytes"] == 2 * 3 * 4 * 4  # two tensors of 3x4 float32, not three
+    assert by_name(graph)["output"]["measured"]["outputShapes"] == [[4], [4]]
+
+
+# --- attributes that shadow nn.Module methods (issue 16.1) ----------------------------------------
+
+
+@pytest.mark.parametrize("make", [fm.ShadowedMethods, fm.ShadowedChild])
+def test_attributes_shadowing_module_methods(make):
+    model = make()
+    with pytest.raises(TypeError):  # PyTorch's own iterators call the shadowed attributes
+        list(nn.Module.modules(model))
+    graph = trace_model(model, torch.randn(3, 8))
+    assert_clean(graph)
+    prefix = "inner." if make is fm.ShadowedChild else ""
+    layers = [f"{prefix}blocks.0", f"{prefix}blocks.1", f"{prefix}norm"] + (["head"] if prefix else [])
+    assert [c["name"] for c in graph["components"]] == ["x", *layers, "output"]
+    # blocks 8->8 and 8->4 with biases, the norm's weight and bias, and ShadowedChild's 4->2 head
+    expected = (8 * 8 + 8) + (8 * 4 + 4) + 2 * 4 + (4 * 2 + 2 if prefix else 0)
+    assert graph["measured"]["params"] == expected == node_param_sum(graph)
+    assert graph["measured"]["buffers"] == 4 + 4 + 1  # running mean, running var, batches tracked
+    assert by_name(graph)[f"{prefix}norm"]["type"] == "batchNorm"
+    # the flags as they were (a new module trains), the hooks gone, the attributes untouched
+    target = model.inner if prefix else model
+    assert target.training and target.norm.training and target.blocks[0].training
+    assert not target.blocks[0]._forward_hooks and not target.blocks[0]._forward_pre_hooks
+    assert target.modules == list(target.blocks) and target.eval == "accuracy" and target.train == [True]

@@ -143,8 +143,8 @@ def test_tiny_cnn_numbers_by_hand() -> None:
     # the conv carries 884,736 of 885,056 layer FLOPs: the convolutional utilisation, 20%
     assert training["mfu"] == 0.20
     assert training["seconds"] == pytest.approx(1.327584e11 / T4_CONV_EFFECTIVE_FLOPS, rel=1e-12)
-    # ResNet-style head without dropout: conv is a weight layer behind pool/flatten
-    assert plan["warnings"] == ["no dropout before the classifier 'fc'"]
+    # a ResNet-style head without dropout is the canonical design: no warning (issue 16.6)
+    assert plan["warnings"] == []
 
 
 def _wide_conv(channels: int) -> Dict[str, Any]:
@@ -511,7 +511,7 @@ def test_real_sized_graphs_have_no_blockers() -> None:
     assert resnet["model"]["params"] == 25_557_032
     # torchvision quotes 4.09 GMACs; 2 FLOPs per multiply-add
     assert resnet["model"]["flops"] == 8_178_368_512
-    assert resnet["warnings"] == ["no dropout before the classifier 'fc'"]
+    assert resnet["warnings"] == []
     llama = plan_of(load("llama7b"))
     assert llama["run"]["blockers"] == [] and llama["warnings"] == []
     # LLaMA-7B's published parameter count, from the graph's measured totals
@@ -595,18 +595,20 @@ def test_each_warning_rule() -> None:
         node("y", "output", inp=[4, 8, 8]),
     ])
     plan = plan_of(doc)
+    # most severe first: the softmax breaks training, the unknown cost the plan's own numbers
     assert plan["warnings"] == [
-        "a bias right before a BatchNorm: 'conv' feeds 'bn', which cancels it",
-        "a norm right after an activation: 'gn' follows 'relu'",
         "a softmax at the output: 'soft' (CrossEntropyLoss expects logits)",
         "a layer of unknown cost: 'blob' (customModule Blob)",
+        "a bias right before a BatchNorm: 'conv' feeds 'bn', which cancels it",
+        "a norm right after an activation: 'gn' follows 'relu'",
     ]
-    assert [w["code"] for w in plan["warningDetails"]] == [
-        "bias-before-batchnorm", "norm-after-activation", "softmax-at-output", "unknown-cost"]
+    assert [(w["code"], w["severity"]) for w in plan["warningDetails"]] == [
+        ("softmax-at-output", "high"), ("unknown-cost", "medium"), ("bias-before-batchnorm", "low"),
+        ("norm-after-activation", "low")]
     # customModule's paramCount still counts: conv 4*3 + 4 = 16, bn 8, gn 8, blob 7
     assert plan["model"]["params"] == 39
     lines = make_plan(doc)["text"].splitlines()
-    assert row("Warnings", "4: a bias right before a BatchNorm: 'conv' feeds") in lines
+    assert row("Warnings", "4: a softmax at the output: 'soft'") in lines
 
 
 def test_deep_plain_net_warns_and_residual_silences_it() -> None:
@@ -615,12 +617,11 @@ def test_deep_plain_net_warns_and_residual_silences_it() -> None:
         comps.append(node(f"fc{i}", "linear", {"inFeatures": 8, "outFeatures": 8}, [8], [8]))
     comps.append(node("y", "output", inp=[8]))
     plain = graph("Plain", comps)
-    assert plan_of(plain)["warnings"] == ["no dropout before the classifier 'fc7'",
-                                          "8 weight layers in a row with no residual path"]
+    assert plan_of(plain)["warnings"] == ["8 weight layers in a row with no residual path"]
     edges = [(a["id"], b["id"]) for a, b in zip(comps, comps[1:])] + [("fc0", "fc7")]
-    assert plan_of(graph("Skip", comps, edges))["warnings"] == ["no dropout before the classifier 'fc7'"]
+    assert plan_of(graph("Skip", comps, edges))["warnings"] == []
     seven = graph("Seven", comps[:1] + comps[2:])
-    assert plan_of(seven)["warnings"] == ["no dropout before the classifier 'fc7'"]
+    assert plan_of(seven)["warnings"] == []
 
 
 # --- diff -----------------------------------------------------------------------------------------

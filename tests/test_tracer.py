@@ -288,3 +288,69 @@ def test_deterministic():
     a = trace_model(fm.TinyViT(), torch.randn(1, 3, 32, 32))
     b = trace_model(fm.TinyViT(), torch.randn(1, 3, 32, 32))
     assert json.dumps(a) == json.dumps(b)
+
+
+def test_depth_types_only_what_it_knows():
+    # issue 16.3: "TinyEffNet" contains "ffn" and "SeparableConvBlock" starts with "se" and ends with
+    # "block"; neither is a feed-forward or a squeeze-excitation block, and no class name is read
+    class SeparableConvBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+            self.pointwise = nn.Conv2d(8, 16, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.pointwise(self.depthwise(x))
+
+    class MyAttention(nn.Module):  # a user's class named like an attention is not typed by its name
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(16, 48)
+            self.num_heads = 4
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).chunk(3, -1)
+            return torch.softmax(q @ k.mT, -1) @ v
+
+    class TinyEffNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, padding=1)
+            self.block = SeparableConvBlock()
+            self.attn = MyAttention()
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            tokens = self.block(self.stem(x)).flatten(2).transpose(1, 2)
+            return self.head(self.attn(tokens).mean(1))
+
+    model = TinyEffNet()
+    whole = trace_model(model, torch.randn(1, 3, 8, 8), depth=0)
+    root = by_name(whole)["TinyEffNet"]
+    assert root["type"] == "customModule"
+    assert root["params"] == {"className": "TinyEffNet", "paramCount": sum(p.numel() for p in model.parameters())}
+    d1 = by_name(trace_model(model, torch.randn(1, 3, 8, 8), depth=1))
+    assert d1["block"]["params"] == {"className": "SeparableConvBlock", "paramCount": 8 * 9 + 8 + 8 * 16 + 16}
+    assert d1["attn"]["type"] == "customModule"
+    assert d1["stem"]["type"] == "conv2d" and d1["head"]["type"] == "linear"
+    full = by_name(trace_model(model, torch.randn(1, 3, 8, 8)))
+    assert full["block.depthwise"]["type"] == "depthwiseConv2d"
+    # a conv whose stride equals a kernel above 4 on three channels is still a conv (no patchEmbed guess)
+    patch = by_name(trace_model(nn.Sequential(nn.Conv2d(3, 8, 8, stride=8)), torch.randn(1, 3, 32, 32)))
+    assert patch["0"]["type"] == "conv2d"
+
+
+def test_depth_types_transformers_containers_by_exact_class():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                 image_size=16, patch_size=8)
+    model = transformers.ViTModel(cfg)
+    comps = by_name(trace_model(model, torch.randn(1, 3, 16, 16), depth=2))
+    assert comps["embeddings.patch_embeddings"]["type"] == "patchEmbed"
+    assert comps["embeddings.patch_embeddings"]["params"] == {"patchSize": 8, "embedDim": 32, "inChans": 3}
+    assert comps["layers.0"]["type"] == "transformerBlock"  # ViTLayer
+    assert comps["layers.0"]["params"] == {"embedDim": 32, "numHeads": 2, "ffDim": 64}
+    comps = by_name(trace_model(model, torch.randn(1, 3, 16, 16), depth=3))
+    assert comps["layers.0.attention"]["type"] == "attention"  # ViTAttention
+    assert comps["layers.0.attention"]["params"] == {"embedDim": 32, "numHeads": 2}
+    assert comps["layers.0.mlp"]["type"] == "feedForward"  # ViTMLP

@@ -78,7 +78,7 @@ def write_graph(graph: dict, path: str | os.PathLike[str], *, validate: bool = T
     target = os.path.realpath(p)  # writing through a symbolic link updates the file it points to
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
-        raise OSError(errno.ENOENT, f"cannot write {p}: folder {folder} does not exist")
+        raise OSError(errno.ENOENT, missing_folder(p, folder))
     if os.path.isdir(target):
         raise OSError(errno.EISDIR, f"cannot write {p}: it is a folder")
     try:
@@ -108,6 +108,17 @@ def default_graph_path(name: str) -> str:
     return f"{safe or 'model'}{SUFFIX}"
 
 
+def missing_folder(path: object, folder: str) -> str:
+    """Why ``path`` cannot be written when its ``folder`` is no folder: a file on the way
+    (``-o good.json/x.json``), or a folder that does not exist."""
+    blocking = folder
+    while not os.path.exists(blocking) and os.path.dirname(blocking) != blocking:
+        blocking = os.path.dirname(blocking)
+    if os.path.exists(blocking) and not os.path.isdir(blocking):
+        return f"cannot write {path}: {blocking} is a file, not a folder"
+    return f"cannot write {path}: folder {folder} does not exist"
+
+
 def check_output_path(path: str) -> str:
     """Return ``path`` when a graph can be written there: its folder exists and it is no folder.
 
@@ -116,7 +127,7 @@ def check_output_path(path: str) -> str:
     """
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise NeurarchError(f"cannot write {path}: folder {folder} does not exist")
+        raise NeurarchError(missing_folder(path, folder))
     if os.path.isdir(path):
         raise NeurarchError(f"cannot write {path}: it is a folder; give a file name ending in {SUFFIX}")
     return path

@@ -224,9 +224,11 @@ def _holds_tensor(value: Any) -> bool:
 
 def _model_device(model: Any) -> Any:
     """Where the model's first parameter (or buffer) lives, so random inputs are made there too."""
+    import neurarch_trace.walk as walk  # the model's own methods may be shadowed
+
     if model is None:
         return "cpu"
-    for tensors in (model.parameters(), model.buffers()):
+    for tensors in (walk.parameters(model), walk.buffers(model)):
         for tensor in tensors:
             return tensor.device
     return "cpu"

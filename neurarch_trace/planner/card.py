@@ -308,15 +308,27 @@ def _count_row(label: str, items: List[str]) -> List[str]:
     return _row(label, f"{len(items)}: {items[0]}")
 
 
+_KINDS = {"image": "images", "tokens": "token sequences", "other": "other inputs", "unknown": "unknown inputs"}
+
+
 def _diff_rows(diff: Mapping[str, Any]) -> List[str]:
     params, flops, peak = diff["params"], diff["flops"], diff["peakGb"]
     rows = _row("Diff vs base", " ".join(str(diff["baseName"]).split()))
     rows += _row("Params", f"{units.signed(units.count(abs(params['delta'])), params['delta'])} "
                            f"({units.count(params['base'])} -> {units.count(params['new'])})")
-    rows += _row("FLOPs", f"{units.signed(units.flops(abs(flops['delta'])), flops['delta'])} "
-                          f"({units.flops(flops['base'])} -> {units.flops(flops['new'])})")
-    rows += _row("Peak memory", f"{units.signed(units.gb(abs(peak['delta']) * 1e9), peak['delta'])} at batch "
-                                f"{peak['batch']} ({units.gb(peak['base'] * 1e9)} -> {units.gb(peak['new'] * 1e9)})")
+    if not diff.get("comparable", True):
+        kinds = diff.get("kinds") or {}
+        new_kind = _KINDS.get(kinds.get("new"), str(kinds.get("new")))
+        base_kind = _KINDS.get(kinds.get("base"), str(kinds.get("base")))
+        rows += _row("Compared", f"parameters and layers only: the models differ in kind ({new_kind} vs "
+                                 f"{base_kind}), so FLOPs, memory and cost per sample do not compare")
+    if flops is not None:
+        rows += _row("FLOPs", f"{units.signed(units.flops(abs(flops['delta'])), flops['delta'])} "
+                              f"({units.flops(flops['base'])} -> {units.flops(flops['new'])})")
+    if peak is not None:
+        rows += _row("Peak memory", f"{units.signed(units.gb(abs(peak['delta']) * 1e9), peak['delta'])} at batch "
+                                    f"{peak['batch']} ({units.gb(peak['base'] * 1e9)} -> "
+                                    f"{units.gb(peak['new'] * 1e9)})")
     cost = diff["costUsd"]
     if cost is not None:
         rows += _row("Cost", f"{units.usd_delta(cost['delta'])} {cost['per']} "

@@ -3,11 +3,17 @@
 Both graphs are sized on the same terms, the new design's: the same batch (the new design's GPU
 fit batch, batch 1 when nothing fits) and, for cost, the same card and the same unit of training.
 So a delta is what the change itself costs, not a different card or batch being chosen.
+
+That holds only for two models of one kind (:mod:`.workload`: images, token sequences, other).
+A ResNet against a GPT-2 has no common sample: FLOPs per sample, the peak at a batch and the cost
+of an epoch of ImageNet-1k mean different things for each, so they are not compared
+(``comparable`` is false, ``kinds`` names both, and those deltas are null); parameters and layers
+still are.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from neurarch_trace.contract import Graph, Node
 from neurarch_trace.planner.analysis import Analysis
@@ -53,19 +59,27 @@ def _delta(base: float, new: float) -> Dict[str, float]:
 
 def diff(new: Analysis, base: Analysis, fit: Fit, unit: Unit) -> Dict[str, Any]:
     """The ``plan.diff`` object (numbers unrounded; GB are 10^9 bytes, USD per ``unit``)."""
-    batch = fit.batch
-    new_cost = training_cost(new.flops_per_sample, unit, fit.gpu, new.mfu)
-    base_cost = training_cost(base.flops_per_sample, unit, fit.gpu, base.mfu)
-    cost: Optional[Dict[str, Any]] = None
-    if new_cost is not None and base_cost is not None:
-        cost = {**_delta(base_cost.usd, new_cost.usd), "unit": unit.key, "per": unit.phrase,
-                "gpu": fit.gpu.id if fit.gpu else None}
-    return {
+    comparable = new.work.kind == base.work.kind
+    out: Dict[str, Any] = {
         "baseName": base.graph.name,
+        "comparable": comparable,
+        "kinds": {"new": new.work.kind, "base": base.work.kind},
         "params": _delta(base.counts.params, new.counts.params),
-        "flops": _delta(base.flops_per_sample, new.flops_per_sample),
-        "peakGb": {**_delta(base.memory.peak_bytes(batch) / 1e9, new.memory.peak_bytes(batch) / 1e9), "batch": batch},
-        "costUsd": cost,
+        "flops": None,
+        "peakGb": None,
+        "costUsd": None,
         "layers": layer_changes(new.graph, base.graph),
         "baseBlockers": len(base.blockers),
     }
+    if not comparable:
+        return out
+    batch = fit.batch
+    new_cost = training_cost(new.flops_per_sample, unit, fit.gpu, new.mfu)
+    base_cost = training_cost(base.flops_per_sample, unit, fit.gpu, base.mfu)
+    if new_cost is not None and base_cost is not None:
+        out["costUsd"] = {**_delta(base_cost.usd, new_cost.usd), "unit": unit.key, "per": unit.phrase,
+                          "gpu": fit.gpu.id if fit.gpu else None}
+    out["flops"] = _delta(base.flops_per_sample, new.flops_per_sample)
+    out["peakGb"] = {**_delta(base.memory.peak_bytes(batch) / 1e9, new.memory.peak_bytes(batch) / 1e9),
+                     "batch": batch}
+    return out

@@ -50,14 +50,19 @@ __all__ = ["Issue", "verify"]
 @dataclass(frozen=True)
 class Issue:
     """One finding: ``code`` (stable, machine-readable), ``layer`` (the layer's name, when one is
-    to blame) and ``message`` (one sentence that names the layer)."""
+    to blame), ``message`` (one sentence that names the layer) and, for a warning, its
+    ``severity``."""
 
     code: str
     layer: Optional[str]
     message: str
+    severity: Optional[str] = None  # warnings only: "high", "medium" or "low"
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"code": self.code, "layer": self.layer, "message": self.message}
+        out: Dict[str, Any] = {"code": self.code, "layer": self.layer, "message": self.message}
+        if self.severity is not None:
+            out["severity"] = self.severity
+        return out
 
 
 #: The types whose params are checked: the vocabulary less ``customModule``, whose params are the

@@ -26,12 +26,14 @@ memory, and tensors whose size depends on values (none can be made on meta).
 from __future__ import annotations
 
 import gc
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.rehearsal.attention import eager_extra_bytes
 from neurarch_trace.rehearsal.fit import combine
 from neurarch_trace.rehearsal.step import InputPlan, Rehearsal, RehearsalError, Run
@@ -105,12 +107,14 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
     The model is not modified (its parameters, buffers and training flags are as before) and
     nothing is printed. Never raises for a model that fails: the failure is the ``error``.
     """
-    flags = {m: m.training for m in model.modules()}
+    flags = {m: m.training for m in walk.modules(model)}
     gc_was_enabled = gc.isenabled()
     gc.disable()  # frees in a fixed order, the same in every run
     try:
-        model.train()
-        with torch.random.fork_rng(devices=[]):  # the user's random stream is left where it was
+        walk.set_training(model, True)
+        # the user's random stream is left where it was; the trace already told the model's warnings
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars))
     except RehearsalError as exc:
         return {"measured": {"error": str(exc)}, "savedBytes": {}}

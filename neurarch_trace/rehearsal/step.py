@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+import neurarch_trace.walk as walk
 from neurarch_trace.flops import op_flops
 from neurarch_trace.rehearsal.attention import FusedAttention
 from neurarch_trace.rehearsal.metacache import MetaCache
@@ -161,7 +162,7 @@ class _Layers:
         self.model, self.tracker = model, tracker
         self.default: dict[int, str] = {}
         self.children: dict[int, dict[int, str]] = {}
-        for qual, mod in model.named_modules(remove_duplicate=False):
+        for qual, mod in walk.named_modules(model, remove_duplicate=False):
             self.default.setdefault(id(mod), qual)
             self.children[id(mod)] = {id(c): n for n, c in mod._modules.items() if c is not None}
         self.stack: list[tuple[nn.Module, str, int]] = []
@@ -205,11 +206,10 @@ class _Layers:
 
     def hooks(self) -> list:
         handles = []
-        for module in self.model.modules():
+        for module in walk.modules(self.model):
             if isinstance(module, torch.jit.ScriptModule):
                 continue
-            handles.append(module.register_forward_pre_hook(self.pre, with_kwargs=True))
-            handles.append(module.register_forward_hook(self.post, with_kwargs=True))
+            handles.extend(walk.register_hooks(module, self.pre, self.post))
         return handles
 
 
@@ -269,14 +269,33 @@ class _Autocast:
         torch.set_autocast_dtype("cuda", self.was[1])
 
 
+def _every_slot(model: nn.Module, copies: dict) -> dict:
+    """``copies`` (meta copies by first name) under the name of every slot that holds one:
+    a weight tied between two modules (GPT-2's ``lm_head.weight`` is ``wte.weight``) sits in two
+    slots and both are swapped; a module registered under two parents is one slot, swapped once
+    (``functional_call``'s own ``tie_weights`` swaps it twice and restores the copy)."""
+    first: dict = {}
+    slots: dict = {}
+    for prefix, module in walk.named_modules(model):
+        for registry in (module._parameters, module._buffers):
+            for key, value in registry.items():
+                if value is not None:
+                    name = f"{prefix}.{key}" if prefix else key
+                    known = first.setdefault(id(value), name)
+                    if known in copies:
+                        slots[name] = copies[known]
+    return slots
+
+
 class Rehearsal:
     """Meta copies of ``model``'s parameters and buffers, and the optimizer, shared by the runs of
     one rehearsal; :meth:`run` rehearses one step at a batch size and sequence length."""
 
     def __init__(self, model: nn.Module, plan: InputPlan, dtype: torch.dtype = torch.bfloat16) -> None:
         self.model, self.plan, self.dtype = model, plan, dtype
-        self.params = {n: _meta_copy(p, p.requires_grad) for n, p in model.named_parameters()}
-        self.buffers = {n: _meta_copy(b, False) for n, b in model.named_buffers()}
+        self.params = {n: _meta_copy(p, p.requires_grad) for n, p in walk.named_parameters(model)}
+        self.buffers = {n: _meta_copy(b, False) for n, b in walk.named_buffers(model)}
+        self.tensors = _every_slot(model, {**self.params, **self.buffers})
         self.trainable = [p for p in self.params.values() if p.requires_grad]
         self.stepped = list(self.trainable)  # the parameters AdamW steps: those that get a gradient
         self.adamw = _ProxyAdamW(self.stepped)
@@ -327,7 +346,8 @@ class Rehearsal:
                 tracker.start("forward")
                 with torch.autograd.graph.saved_tensors_hooks(pack, _same), _Autocast(self.dtype):
                     with torch.device("meta"), autocast:
-                        output = torch.func.functional_call(self.model, {**self.params, **self.buffers}, args, kwargs)
+                        output = torch.func.functional_call(  # each slot once (_every_slot)
+                            self.model, self.tensors, args, kwargs, tie_weights=False)
                         tracker.start("loss")
                         loss, target, loss_info = _loss(output, tracker)
                     autocast.clear_cache()

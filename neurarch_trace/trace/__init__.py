@@ -22,12 +22,15 @@ How it works
 The parts, one job each::
 
     run         trace_model: checks the arguments, runs the forward once, builds the graph
+    guard       fast paths off for the trace; the model's parameters, buffers, attributes put back
+    notices     the model's warnings told at its own line; a forward that returned no tensor
     recorder    the hooks and the flow/FLOP callbacks; one LayerCall per node
     records     LayerCall and Recording: the per-node data, with fields and units
     stack       which layer is running, its scope and path; unique names
     provenance  where each tensor's value came from; the flow mode between layers
     merges      add / concatenate / stack nodes
-    batch       the batch axis of each tensor, and shapes without it
+    batch       the batch axis of each tensor, followed from the inputs; shapes without it
+    axes        how each torch function moves the batch axis
     ownership   which node owns each parameter and buffer; model totals
     kinds       a layer call's type and params; node-level FLOP formulas
     modules     wrappers, TorchScript stand-ins, recurrent layers

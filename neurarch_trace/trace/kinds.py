@@ -9,6 +9,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.flops import NODE_FORMULA_OPS, linear_flops, rnn_flops
 from neurarch_trace.mapping import container_spec, is_whole_layer, layer_spec
 from neurarch_trace.trace.modules import inner, is_recurrent
@@ -23,7 +24,7 @@ class LayerKinds:
     its ``get_output_embeddings()`` (transformers), read once here."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+        self._embedding_weights = {id(m.weight) for m in walk.modules(model) if isinstance(m, nn.Embedding)}
         out_emb = None
         get_out = getattr(model, "get_output_embeddings", None)
         if callable(get_out):

@@ -11,9 +11,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from neurarch_trace.trace.batch import raw_shape
+from neurarch_trace.trace.axes import NO_BATCH, UNKNOWN, Merged, known
+from neurarch_trace.trace.batch import BatchAxes
 from neurarch_trace.trace.records import LayerCall
-from neurarch_trace.trace.tensors import dtype_name, iter_tensors
+from neurarch_trace.trace.tensors import dtype_name, unique_tensors
 
 __all__ = ["BASENAME", "MERGES", "merge_operands", "merge_record"]
 
@@ -40,19 +41,66 @@ def merge_operands(ins: List[torch.Tensor], provs: List[frozenset]) -> Optional[
     return None
 
 
-def merge_record(index: int, kind: str, scope: str, operands: Operands, out: Any) -> LayerCall:
+def merge_record(index: int, kind: str, scope: str, operands: Operands, out: Any, axes: BatchAxes) -> LayerCall:
     """The record of a merge of ``operands`` into ``out`` inside ``scope``; its name and sources
-    are given by the caller."""
+    are given by the caller. An operand whose batch axis was lost (a class token expanded to
+    ``x.shape[0]``) gets the one the merge aligns it with (:func:`_aligned_operand`)."""
     record = LayerCall(index=index, type=kind, qualname=f"{scope}.{BASENAME[kind]}" if scope else BASENAME[kind])
     record.scope = scope or None
+    outs = unique_tensors(out)
+    if outs:
+        for t, _ in operands:
+            if axes.of(t) is UNKNOWN:
+                state = _aligned_operand(kind, t, outs[0], axes.of(outs[0]))
+                if state is not UNKNOWN:
+                    axes.refine(t, state)
     # the operand computed by a layer, rather than a parameter (a ViT's class token), is the input
     first = next((t for t, prov in operands if any(isinstance(k, int) for k in prov)), operands[0][0])
-    record.input_shape = raw_shape(first, None, 0, is_output=False)
-    record.operand_shapes = [raw_shape(t, None, 0, is_output=False) for t, _ in operands]
-    outs = list(iter_tensors(out))
+    record.input_shape = axes.shape(first)
+    record.operand_shapes = [axes.shape(t) for t, _ in operands]
+    record.param_operands = learned_operands(operands)
     for t in outs:
-        record.output_shapes.append(raw_shape(t, None, 0, is_output=True))
+        record.output_shapes.append(axes.shape(t))
         record.output_bytes += t.numel() * t.element_size()
     if outs:
         record.output_dtype = dtype_name(outs[0].dtype)
     return record
+
+
+def learned_operands(operands: Operands) -> list:
+    """The operands that are learned tensors read directly in ``forward`` (a ViT's ``cls_token``
+    and ``pos_embed``), not computed by any layer or input: ``{"operand": i, "params": [...],
+    "buffers": [...]}`` with the names of the parameters and buffers each is made of (``operand``
+    indexes the node's ``inputShapes``). An operand a layer computed, even one scaled by a learned
+    gate, is not listed."""
+    found = []
+    for i, (_, prov) in enumerate(operands):
+        if any(isinstance(k, int) for k in prov):
+            continue
+        entry: dict = {"operand": i}
+        params = sorted(k[len("param:"):] for k in prov if k.startswith("param:"))
+        buffers = sorted(k[len("buffer:"):] for k in prov if k.startswith("buffer:"))
+        if params:
+            entry["params"] = params
+        if buffers:
+            entry["buffers"] = buffers
+        found.append(entry)
+    return found
+
+
+def _aligned_operand(kind: str, t: torch.Tensor, out: torch.Tensor, state: Any) -> Any:
+    """The batch state of an operand the merge lines up with the output's batch axis: the same
+    axis for a concatenation, the same axis from the end for an add (broadcasting), when the sizes
+    agree. An add operand that lacks that axis, or has size 1 there, is broadcast over the batch
+    (its other axes meet the output's, which carry no batch): it has none."""
+    if not known(state) or isinstance(state, Merged):
+        return UNKNOWN
+    if kind == "concatenate" and t.dim() == out.dim() and t.shape[state] == out.shape[state]:
+        return state
+    if kind == "add":
+        p = state - (out.dim() - t.dim())
+        if p < 0 or (t.shape[p] == 1 and out.shape[state] != 1):
+            return NO_BATCH
+        if t.shape[p] == out.shape[state]:
+            return p
+    return UNKNOWN

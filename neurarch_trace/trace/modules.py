@@ -9,6 +9,8 @@ from typing import Any, Iterator, List, Tuple
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
+
 __all__ = ["Opaque", "inner", "is_recurrent", "opaque_script_modules", "unwrap_model"]
 
 #: How many wrappers deep :func:`unwrap_model` looks.
@@ -56,7 +58,7 @@ def opaque_script_modules(model: nn.Module) -> Iterator[None]:
     :class:`Opaque` wrapper; the children are put back on the way out, whatever happens."""
     swapped: List[Tuple[nn.Module, str, nn.Module]] = []
     try:
-        for parent in list(model.modules()):
+        for parent in list(walk.modules(model)):
             if isinstance(parent, torch.jit.ScriptModule):
                 continue
             for name, child in list(parent._modules.items()):

@@ -13,6 +13,7 @@ from typing import Any, Dict, Mapping
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.trace.modules import inner, is_recurrent
 from neurarch_trace.trace.records import LayerCall
 
@@ -31,8 +32,8 @@ class Ownership:
         owned, counting their elements in ``own_params``/``own_buffers``."""
         # a leaf's own dicts are enough, and much cheaper than the recursive iterators
         leaf = not module._modules
-        params = module._parameters.values() if leaf else module.parameters()
-        buffers = module._buffers.values() if leaf else module.buffers()
+        params = module._parameters.values() if leaf else walk.parameters(module)
+        buffers = module._buffers.values() if leaf else walk.buffers(module)
         owner = self._owner
         for p in params:
             if p is not None and id(p) not in owner:
@@ -61,7 +62,7 @@ def packed_param_count(module: nn.Module) -> int:
     if not target._modules and not type(target).__module__.startswith("torch.ao.nn.quantized"):
         return 0  # the common case: a float leaf layer
     total = 0
-    for sub in target.modules():
+    for sub in walk.modules(target):
         quantized = type(sub).__module__.startswith("torch.ao.nn.quantized")
         weight = getattr(sub, "weight", None)
         try:
@@ -82,12 +83,12 @@ def model_totals(model: nn.Module) -> Dict[str, Any]:
     """Unique parameters (each ``nn.Parameter`` once), trainable ones, their bytes, and buffers
     with their bytes, from ``model.parameters()``/``model.buffers()``."""
     params = trainable = param_bytes = buffers = buffer_bytes = 0
-    for p in model.parameters():  # parameters() yields each Parameter once
+    for p in walk.parameters(model):  # each Parameter once
         params += p.numel()
         param_bytes += p.numel() * p.element_size()
         if p.requires_grad:
             trainable += p.numel()
-    for b in model.buffers():
+    for b in walk.buffers(model):
         buffers += b.numel()
         buffer_bytes += b.numel() * b.element_size()
     return {

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+import neurarch_trace.walk as walk
+
 if TYPE_CHECKING:  # pragma: no cover
     from neurarch_trace.trace.recorder import Recorder
 
@@ -37,9 +39,9 @@ class Provenance:
         self._entries: Dict[int, Tuple[weakref.ref, frozenset]] = {}
         # parameters and buffers: id -> (provenance key, tensor)
         self._known: Dict[int, Tuple[str, torch.Tensor]] = {}
-        for name, p in model.named_parameters(remove_duplicate=True):
+        for name, p in walk.named_parameters(model):
             self._known[id(p)] = (f"param:{name}", p)
-        for name, b in model.named_buffers(remove_duplicate=True):
+        for name, b in walk.named_buffers(model):
             self._known.setdefault(id(b), (f"buffer:{name}", b))
         #: ``"param:<name>"`` / ``"buffer:<name>"`` -> the tensor.
         self.tensors_by_key: Dict[str, torch.Tensor] = {key: t for key, t in self._known.values()}

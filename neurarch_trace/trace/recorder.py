@@ -24,7 +24,7 @@ from torch import nn
 from neurarch_trace.flops import flop_kind
 from neurarch_trace.mapping import count_params, is_passthrough, is_whole_layer
 from neurarch_trace.text import plural
-from neurarch_trace.trace.batch import BatchSize, raw_shape
+from neurarch_trace.trace.batch import BatchAxes, BatchSize
 from neurarch_trace.trace.kinds import LayerKinds, apply_node_formula
 from neurarch_trace.trace.merges import MERGES, merge_operands, merge_record
 from neurarch_trace.trace.modules import inner
@@ -32,7 +32,7 @@ from neurarch_trace.trace.ownership import Ownership, packed_param_count
 from neurarch_trace.trace.provenance import EMPTY, FlowMode, Provenance
 from neurarch_trace.trace.records import LayerCall, Recording
 from neurarch_trace.trace.stack import LAYER, LayerStack, Names
-from neurarch_trace.trace.tensors import dtype_name, iter_tensors
+from neurarch_trace.trace.tensors import dtype_name, iter_tensors, output_tensors, unique_tensors
 
 __all__ = ["Recorder"]
 
@@ -46,13 +46,15 @@ class Recorder:
         depth: stop descending at this depth (1 = the root's children); None descends to the leaves.
         batch_size: the first input's first dim, until a sequence-first layer says otherwise.
         root_name: the node name of the root when the root itself is a layer (the graph's name).
+        samples: ids of the input tensors that are samples of a list of samples (no batch axis).
 
     State while the forward runs: ``inside_layer`` (> 0 while a layer's forward runs), ``paused``
     (True while the recorder's own bookkeeping runs tensor operations, which must fire no hook and
     count no FLOP), and the record FLOPs are charged to.
     """
 
-    def __init__(self, model: nn.Module, *, depth: Optional[int], batch_size: int, root_name: str) -> None:
+    def __init__(self, model: nn.Module, *, depth: Optional[int], batch_size: int, root_name: str,
+                 samples: frozenset = frozenset()) -> None:
         self.model = model
         self.depth = depth
         self.root_name = root_name
@@ -64,6 +66,8 @@ class Recorder:
         self.flops_by_kind: Dict[str, int] = {}  # every counted FLOP of the pass, by operation kind
         self.scalars: List[Any] = []  # tensor values the forward read into Python (FlopMode fills it)
         self.batch = BatchSize(batch_size)
+        self.axes = BatchAxes(self.batch)
+        self._samples = samples
         self.stack = LayerStack(model)
         self.names = Names()
         self.provenance = Provenance(model)
@@ -85,7 +89,7 @@ class Recorder:
         layer names in :meth:`finish`."""
         record = LayerCall(index=len(self.records), type="input", name=name)
         self.records.append(record)
-        record.output_shapes = [raw_shape(t, None, 0, is_output=False)]
+        record.output_shapes = [self.axes.add_input(record, t, id(t) in self._samples)]
         record.output_dtype = record.traced_dtype = dtype_name(t.dtype)
         record.output_bytes = t.numel() * t.element_size()
         record.traced_shape = [int(d) for d in t.shape]
@@ -96,10 +100,7 @@ class Recorder:
         """Record the output node (fed by the producers of every tensor in ``output``), give the
         inputs their final names, and return the recording."""
         out_record = LayerCall(index=len(self.records), type="output", name="output")
-        outs = list(iter_tensors(output))
-        if not outs and hasattr(output, "__dict__") and not isinstance(output, nn.Module):
-            # an object that is no container (a torch.distributions.Categorical): the tensors it holds
-            outs = [t for value in vars(output).values() for t in iter_tensors(value)]
+        outs = output_tensors(output)
         for t in outs:
             prov = self.prov_of(t)
             out_record.add_sources(frozenset(k for k in prov if isinstance(k, int)))
@@ -109,8 +110,8 @@ class Recorder:
                     # feeding the output owns them
                     self.ownership.claim_key(self.records[next(reversed(out_record.sources))], key)
         if outs:
-            out_record.input_shape = raw_shape(outs[0], None, 0, is_output=True)
-            out_record.output_shapes = [raw_shape(t, None, 0, is_output=True) for t in outs]
+            out_record.input_shape = self.axes.shape(outs[0])
+            out_record.output_shapes = [self.axes.shape(t) for t in outs]
         self.records.append(out_record)
         for record in self.records[: self._input_count]:  # a layer keeps its module path; a clashing input is renamed
             record.name = self.names.unique(record.name if record.name not in self.names else f"input:{record.name}")
@@ -135,6 +136,16 @@ class Recorder:
         if scope:
             return f"in {scope!r} after {plural(layers, 'layer')}"
         return f"after {plural(layers, 'layer')}"
+
+    def running(self) -> str:
+        """The layer or scope running now, for a warning: ``in layer 'fc' (Linear)``, ``in
+        'encoder'``, or ``""`` at the top level."""
+        layer = self.stack.running_layer()
+        if layer is not None:
+            cls = type(layer.module).__name__ if layer.module is not None else layer.type
+            return f"in layer {layer.name!r} ({cls})"
+        scope = self.stack.current_scope()
+        return f"in {scope!r}" if scope else ""
 
     # --- the hooks --------------------------------------------------------------------------
     def _is_layer(self, module: nn.Module, qual: str) -> bool:
@@ -205,8 +216,9 @@ class Recorder:
             prov = self.prov_of(t)
             self._take_sources(record, prov)
             if i == 0:
-                record.input_shape = raw_shape(t, module, 0, is_output=False)
-                self.batch.learn(inner(module), t, prov, self.records)
+                if self.batch.learn(inner(module), t, prov, self.records):
+                    self.axes.relearn(t, 1)
+                record.input_shape = self.axes.layer_input(module, t)
         return record
 
     def _take_sources(self, record: LayerCall, prov: frozenset) -> None:
@@ -218,10 +230,11 @@ class Recorder:
         record.add_sources(frozenset(k for k in prov if isinstance(k, int)))
 
     def _finish_layer(self, record: LayerCall, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        outs = list(iter_tensors(output))
+        outs = unique_tensors(output)
         key = frozenset((record.index,))
-        for i, t in enumerate(outs):
-            record.output_shapes.append(raw_shape(t, module, i, is_output=True))
+        ins = list(iter_tensors(args)) + list(iter_tensors(kwargs))
+        record.output_shapes = self.axes.layer_outputs(module, record.type, ins, outs)
+        for t in outs:
             record.output_bytes += t.numel() * t.element_size()
             self.set_prov(t, key)
         if outs:
@@ -235,31 +248,37 @@ class Recorder:
         ins = list(iter_tensors(args))
         if kwargs:
             ins.extend(iter_tensors({k: v for k, v in kwargs.items() if k != "out"}))
+        name = getattr(func, "__name__", "")
         if not ins:
+            self.axes.made(name, out)
             return out
         prov_of = self.prov_of
         provs = [prov_of(t) for t in ins]
         union = EMPTY.union(*provs)
-        if not union:
-            return out
-        name = getattr(func, "__name__", "")
-        kind = MERGES.get(name)
-        if kind is not None:
-            operands = merge_operands(ins, provs)
-            if operands is not None:
-                union = frozenset((self._merge(kind, operands, out).index,))
         outputs = list(iter_tensors(out))
         if "out" in kwargs:
             outputs.extend(iter_tensors(kwargs["out"]))
         if out is None and name == "__setitem__" and ins:
             outputs.append(ins[0])
+        self.paused = True  # a probe of the batch axis runs torch functions on meta tensors: no FLOPs
+        try:
+            self.axes.follow(func, name, args, kwargs, ins, outputs)
+        finally:
+            self.paused = False
+        if not union:
+            return out
+        kind = MERGES.get(name)
+        if kind is not None:
+            operands = merge_operands(ins, provs)
+            if operands is not None:
+                union = frozenset((self._merge(kind, operands, out).index,))
         set_prov = self.set_prov
         for t in outputs:
             set_prov(t, union)
         return out
 
     def _merge(self, kind: str, operands: list, out: Any) -> LayerCall:
-        record = merge_record(len(self.records), kind, self.stack.current_scope(), operands, out)
+        record = merge_record(len(self.records), kind, self.stack.current_scope(), operands, out, self.axes)
         self.records.append(record)
         record.name = self.names.unique(record.qualname)
         for _, prov in operands:

@@ -35,7 +35,7 @@ class LayerCall:
         sources: provenance keys of the records feeding this one, in first-seen order (a dict used
             as an ordered set; the values are unused).
         input_shape: the first input tensor's shape, as a :class:`~.batch.RawShape` (full shape and
-            known batch axis) during the trace, a batchless list once serialised.
+            batch state) during the trace, a batchless list once serialised.
         output_shapes: every output tensor's shape, the same way.
         output_dtype: dtype name of the first output tensor (``float32``).
         output_bytes: bytes of all output tensors at the traced batch.
@@ -48,7 +48,11 @@ class LayerCall:
         module: the module called (None for inputs, merges and the output).
         qualname: the module path the name was made from.
         operand_shapes: a merge's operand shapes (RawShape, then batchless lists).
+        param_operands: a merge's operands that are parameters or buffers read in ``forward``
+            (see :func:`~.merges.learned_operands`); None for other records.
         traced_shape / traced_dtype: an input tensor's full shape (batch included) and dtype name.
+        batch_unknown: once serialised, the shape fields kept whole because their batch axis could
+            not be followed (``inputShape``, ``outputShapes.0``, ``inputShapes.1``, ``outputShape``).
     """
 
     index: int
@@ -70,8 +74,10 @@ class LayerCall:
     module: Optional[nn.Module] = None
     qualname: str = ""
     operand_shapes: Optional[List[Any]] = None
+    param_operands: Optional[List[Dict[str, Any]]] = None
     traced_shape: Optional[List[int]] = None
     traced_dtype: Optional[str] = None
+    batch_unknown: List[str] = dataclasses.field(default_factory=list)
 
     def add_sources(self, keys: frozenset) -> None:
         """Add the record indices in ``keys`` to :attr:`sources`, in :func:`key_order`."""

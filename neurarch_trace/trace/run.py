@@ -2,27 +2,34 @@
 
 This module only orchestrates: the recorder (:mod:`.recorder`) records, the serialiser
 (:mod:`.serialise`) writes the graph. The forward runs once, in ``eval()`` mode with autograd
-enabled; the model's training flags are restored and every hook removed in a ``finally`` block.
+enabled, with PyTorch's fused attention fast paths off; the model's training flags are restored,
+every hook removed, and the parameters, buffers and attributes the forward changed put back
+(:mod:`.guard`), in ``finally`` blocks.
 """
 
 from __future__ import annotations
 
 import gc
 import inspect
+import warnings
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.errors import TraceError
 from neurarch_trace.flops import FlopMode
 from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.text import error_line
+from neurarch_trace.trace.batch import sample_inputs
+from neurarch_trace.trace.guard import fast_paths_off, state_kept
 from neurarch_trace.trace.modules import Opaque, opaque_script_modules, unwrap_model
+from neurarch_trace.trace.notices import model_warnings, warn_no_output
 from neurarch_trace.trace.recorder import Recorder
 from neurarch_trace.trace.records import Recording
 from neurarch_trace.trace.serialise import build_graph
-from neurarch_trace.trace.tensors import iter_tensors, named_tensors, tensor_text
+from neurarch_trace.trace.tensors import iter_tensors, named_tensors, output_tensors, tensor_text
 from neurarch_trace.trace.training import attach_training
 
 __all__ = ["trace_model"]
@@ -67,16 +74,15 @@ def _install_hooks(model: nn.Module, recorder: Recorder, progress: Optional[Call
                 seen[0] = len(recorder.records)
                 progress(seen[0] - first)
 
-    for module in model.modules():
+    for module in walk.modules(model):
         if isinstance(module, torch.jit.ScriptModule):
             continue
-        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(module.register_forward_hook(recorder.post_hook, with_kwargs=True))
+        handles.extend(walk.register_hooks(module, pre, recorder.post_hook))
 
 
 def _on_meta(model: nn.Module, args: tuple, kwargs: dict) -> bool:
     tensors = list(iter_tensors(args)) + list(iter_tensors(kwargs))
-    return any(t.is_meta for t in tensors) or any(p.is_meta for p in model.parameters())
+    return any(t.is_meta for t in tensors) or any(p.is_meta for p in walk.parameters(model))
 
 
 def _needs_values(exc: BaseException) -> bool:
@@ -102,13 +108,13 @@ def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tup
 def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
              tensors: List[Tuple[str, torch.Tensor]], progress: Optional[Callable[[int], None]]) -> Any:
     """Run the forward once under the hooks, the FLOP mode and the flow mode; put everything back."""
-    training = {m: m.training for m in model.modules()}
+    training = {m: m.training for m in walk.modules(model)}
     handles: list = []
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the trace makes many small objects; full collections would cost more than the trace
     try:
         _install_hooks(model, recorder, progress, handles)
-        model.eval()
+        walk.set_training(model, False)
         with torch.enable_grad(), FlopMode(recorder.on_flops, recorder.scalars), recorder.flow:
             try:
                 return model(*args, **kwargs)
@@ -116,6 +122,11 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
                 recorder.flow.restore()  # a forward that raised inside a layer left the mode popped
     except Exception as exc:
         raise _trace_error(exc, recorder, model, args, kwargs, tensors) from exc
+    except SystemExit as exc:  # sys.exit() in a forward: no traceback, and no silent exit either
+        raise TraceError(
+            f"the forward pass called sys.exit({exc.code!r}) {recorder.where()}: a forward must return its "
+            "outputs; trace a model whose forward does not exit"
+        ) from exc
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -142,7 +153,8 @@ def trace_model(
         model: any ``nn.Module``; ``torch.compile``, nn.DataParallel and DDP wrappers are traced as
             the model inside them.
         inputs: one tensor, a sequence of tensors (positional arguments) or a dict (keyword
-            arguments), batch first. The first dim of the first tensor is the batch size.
+            arguments), batch first. The first dim of the first tensor is the batch size; an
+            argument that is a list of dicts is a list of samples, its length the batch size.
         kwargs: more keyword arguments, passed after positional ``inputs``.
         name: the graph's name (default: the model's class name).
         depth: stop descending at this depth (1 = the root's children); a container cut off there
@@ -161,8 +173,12 @@ def trace_model(
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` or ``inputs`` has another type.
         ValueError: no input tensor, a 0-d first input, or ``depth`` below 0.
-        TraceError: the forward pass raised; the message says how far the trace got and repeats the
-            model's own complaint; the original exception is chained.
+        TraceError: the forward pass raised (or called ``sys.exit``); the message says how far the
+            trace got and repeats the model's own complaint; the original exception is chained.
+
+    Warns:
+        TraceWarning: each warning the forward raised, issued again at the model's own line with
+            the layer that was running; and a forward that returned no tensor.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -183,13 +199,17 @@ def trace_model(
         )
     graph_name = name or type(model).__name__
 
-    recording = _record(model, args, call_kwargs, tensors, depth, graph_name, progress)
+    recording, output = _record(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress)
+    if not output_tensors(output):
+        warn_no_output(model, graph_name)
     step = (rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
                                    scalars=recording.scalars) if training_step else None)
     graph = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name, description=description)
     full = None
     if depth is not None:  # the plan sizes the model, not the view: its structure at full depth too
-        full_recording = _record(model, args, call_kwargs, tensors, None, graph_name, None)
+        with warnings.catch_warnings():  # the same forward again: its warnings were told above
+            warnings.simplefilter("ignore")
+            full_recording, _ = _record(model, args, call_kwargs, named_inputs, tensors, None, graph_name, None)
         full = build_graph(full_recording, model=model, named_inputs=named_inputs, name=graph_name,
                            description=description)
         attach_training(full, full_recording, step, None)
@@ -197,12 +217,17 @@ def trace_model(
     return graph
 
 
-def _record(model: nn.Module, args: tuple, kwargs: dict, tensors: List[Tuple[str, torch.Tensor]],
-            depth: Optional[int], graph_name: str, progress: Optional[Callable[[int], None]]) -> Recording:
-    """One forward pass under a recorder cut at ``depth``."""
-    with opaque_script_modules(model):
-        recorder = Recorder(model, depth=depth, batch_size=int(tensors[0][1].shape[0]), root_name=graph_name)
+def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tuple[str, Any]],
+            tensors: List[Tuple[str, torch.Tensor]], depth: Optional[int], graph_name: str,
+            progress: Optional[Callable[[int], None]]) -> Tuple[Recording, Any]:
+    """One forward pass under a recorder cut at ``depth``: the recording and the forward's output.
+    The model comes back as it was (:mod:`.guard`), its fused fast paths off while it runs."""
+    with state_kept(model), fast_paths_off(), opaque_script_modules(model):
+        batch, samples = sample_inputs(named_inputs)
+        recorder = Recorder(model, depth=depth, batch_size=batch if batch is not None else int(tensors[0][1].shape[0]),
+                            root_name=graph_name, samples=frozenset(samples))
         for input_name, t in tensors:
             recorder.add_input(input_name, t)
-        output = _forward(recorder, model, args, kwargs, tensors, progress)
-    return recorder.finish(output)
+        with model_warnings(recorder.running):
+            output = _forward(recorder, model, args, kwargs, tensors, progress)
+    return recorder.finish(output), output

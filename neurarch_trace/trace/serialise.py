@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace._version import __version__
 from neurarch_trace.contract import layout
 from neurarch_trace.text import shape_text
@@ -34,14 +35,29 @@ def _slug(name: str) -> str:
     return out or "model"
 
 
-def _strip_batch(records: List[LayerCall], batch: int) -> None:
+def _stripped(raw: Any, field: str, unknown: List[str]) -> List[int]:
+    shape, lost = strip(raw)
+    if lost:
+        unknown.append(field)
+    return shape
+
+
+def _strip_batch(records: List[LayerCall]) -> None:
+    """Shapes without their batch axis; the fields whose batch axis could not be followed (kept
+    whole) are named in ``record.batch_unknown``."""
     for record in records:
-        record.input_shape = strip(record.input_shape, batch) if record.input_shape is not None else None
-        record.output_shapes = [strip(raw, batch) for raw in record.output_shapes]
+        unknown: List[str] = []
+        if record.input_shape is not None:
+            record.input_shape = _stripped(record.input_shape, "inputShape", unknown)
+        out_field = "outputShape" if record.type == "input" else "outputShapes.{}"
+        record.output_shapes = [_stripped(raw, out_field.format(i), unknown)
+                                for i, raw in enumerate(record.output_shapes)]
         if record.operand_shapes is not None:
-            record.operand_shapes = [strip(raw, batch) for raw in record.operand_shapes]
+            record.operand_shapes = [_stripped(raw, f"inputShapes.{i}", unknown)
+                                     for i, raw in enumerate(record.operand_shapes)]
         if record.type == "input":
             record.params = {"shape": record.output_shapes[0]}
+        record.batch_unknown = unknown
 
 
 def _edges(records: List[LayerCall]) -> Tuple[Edges, List[int]]:
@@ -72,10 +88,12 @@ def _edges(records: List[LayerCall]) -> Tuple[Edges, List[int]]:
 
 def _measured(record: LayerCall, ids: Sequence[str]) -> Dict[str, Any]:
     """A component's ``measured`` block."""
+    lost = {"batchUnknown": record.batch_unknown} if record.batch_unknown else {}
     if record.type == "input":
-        return {"dtype": record.traced_dtype, "shape": record.traced_shape, "outputBytes": record.output_bytes}
+        return {"dtype": record.traced_dtype, "shape": record.traced_shape, "outputBytes": record.output_bytes,
+                **lost}
     if record.type == "output":
-        return {"outputShapes": record.output_shapes}
+        return {"outputShapes": record.output_shapes, **lost}
     measured: Dict[str, Any] = {"params": record.own_params}
     if record.own_buffers:
         measured["buffers"] = record.own_buffers
@@ -90,10 +108,13 @@ def _measured(record: LayerCall, ids: Sequence[str]) -> Dict[str, Any]:
         measured["flops"] = record.flops
     if record.operand_shapes is not None:
         measured["inputShapes"] = record.operand_shapes
+    if record.param_operands:
+        measured["paramOperands"] = record.param_operands
     if record.output_dtype is not None:
         measured["outputDtype"] = record.output_dtype
     measured["outputBytes"] = record.output_bytes
     measured["outputShapes"] = record.output_shapes
+    measured.update(lost)
     return measured
 
 
@@ -127,7 +148,7 @@ def _components(records: List[LayerCall], edges: Edges) -> List[Dict[str, Any]]:
 
 
 def _device_of(model: nn.Module, named_inputs: List[Tuple[str, Any]]) -> str:
-    for p in model.parameters():
+    for p in walk.parameters(model):
         return p.device.type
     for _, t in named_inputs:
         if isinstance(t, torch.Tensor):
@@ -171,7 +192,7 @@ def build_graph(recording: Recording, *, model: nn.Module, named_inputs: List[Tu
     """The graph dict of ``recording`` (see ``shared/spec/neurarch-graph.md`` and
     ``docs/measured.md``): shapes batchless, FLOPs at the traced batch size."""
     records = recording.records
-    _strip_batch(records, recording.batch_size)
+    _strip_batch(records)
     edges, synthetic = _edges(records)
     components = _components(records, edges)
     input_specs = [{"name": r.name, "shape": r.traced_shape, "dtype": r.traced_dtype}

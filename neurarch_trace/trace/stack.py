@@ -12,6 +12,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from torch import nn
 
+import neurarch_trace.walk as walk
+
 __all__ = ["LAYER", "SCOPE", "SKIP", "LayerStack", "Names"]
 
 SKIP = "skip"
@@ -31,7 +33,7 @@ class LayerStack:
         # the path of each module under each parent (a module reached two ways has two paths)
         self._child_names: Dict[int, Dict[int, str]] = {}
         self._default_qual: Dict[int, str] = {}
-        for qual, mod in model.named_modules(remove_duplicate=False):
+        for qual, mod in walk.named_modules(model, remove_duplicate=False):
             self._default_qual.setdefault(id(mod), qual)
             self._child_names[id(mod)] = {id(c): n for n, c in mod._modules.items() if c is not None}
 

@@ -9,7 +9,7 @@ import torch
 
 from neurarch_trace.text import shape_text
 
-__all__ = ["dtype_name", "iter_tensors", "named_tensors", "tensor_text"]
+__all__ = ["dtype_name", "iter_tensors", "named_tensors", "output_tensors", "tensor_text", "unique_tensors"]
 
 #: Nesting depth past which containers are not looked into.
 MAX_DEPTH = 8
@@ -42,6 +42,28 @@ def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for field in dataclasses.fields(obj):
             yield from iter_tensors(getattr(obj, field.name, None), depth + 1)
+
+
+def unique_tensors(obj: Any) -> list:
+    """The tensors of :func:`iter_tensors`, each once (by identity), in first-seen order: a
+    tensor a result holds twice (``torch.distributions.Categorical`` keeps ``logits`` and
+    ``_param`` as one tensor, a forward returning ``(h, [h1, h])``) is one output."""
+    seen: set = set()
+    out = []
+    for t in iter_tensors(obj):
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+def output_tensors(output: Any) -> list:
+    """The tensors a forward returned, each once: those of :func:`unique_tensors`, or, for an
+    object that is no container (a ``torch.distributions.Categorical``), the tensors it holds."""
+    outs = unique_tensors(output)
+    if not outs and hasattr(output, "__dict__") and not isinstance(output, torch.nn.Module):
+        outs = unique_tensors(list(vars(output).values()))
+    return outs
 
 
 def named_tensors(name: str, value: Any, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,0 +1,146 @@
+"""What the trace holds still around the forward pass: PyTorch's fused fast paths, and the model's
+own state.
+
+**Fast paths.** In ``eval()`` mode with autograd off (``torch.no_grad()``, ``inference_mode()``,
+or frozen parameters), nn.MultiheadAttention, nn.TransformerEncoderLayer and nn.TransformerEncoder
+skip their ops for fused kernels (``aten._native_multi_head_attention``,
+``aten._transformer_encoder_layer_fwd``) and, given a padding mask, nested tensors. No FLOP formula
+reads those kernels, and which one runs depends on the grad mode, the mask and the dtype: the same
+model would count differently with and without a mask. :func:`fast_paths_off` turns them off
+(``torch.backends.mha.set_fastpath_enabled(False)``, the switch all three read) for the trace and
+back on after: the layers then run their documented composite ops (in-projection, scaled
+dot-product attention, out-projection, the feed-forward linears), which are counted the same way
+whatever the grad mode or the mask.
+
+**The model's state.** A forward may write its own state: a running statistic in a custom
+normaliser, a step counter, a cache. :func:`state_kept` puts back, after the trace, whatever the
+forward changed of
+
+* every buffer, by value (a copy of each buffer is taken before; buffers are small next to the
+  weights) and by identity (a buffer rebound to a new tensor gets the old one back);
+* every parameter, by identity; by value the parameters of modules whose class is neither
+  PyTorch's nor transformers' (a user's own layer may write its weight; those libraries' layers
+  never do), so the big weights of nn.Linear, nn.Conv2d, nn.Embedding, GPT-2's Conv1D, ... are
+  never copied;
+* attributes of a user's modules rebound during the forward (``self.calls += 1``, ``self.cache =
+  t``) to the object they held before.
+
+A value is written back only when it changed (bitwise, or its version counter moved), so a tensor
+the forward left alone is not touched and autograd graphs the caller holds stay valid. Tensors on
+the meta device hold no values and are not copied; nor are lazy modules' uninitialised parameters
+(their materialisation in the first forward is kept, as PyTorch keeps it). Not restored: a plain
+tensor attribute (neither a parameter nor a buffer) written in place, and a library layer's weight
+written in place from outside it (a :class:`UserWarning` names it when its version counter moved).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any, Dict, Iterator, List, Tuple
+
+import torch
+from torch import nn
+
+import neurarch_trace.walk as walk
+
+__all__ = ["fast_paths_off", "state_kept"]
+
+
+@contextlib.contextmanager
+def fast_paths_off() -> Iterator[None]:
+    """PyTorch's fused attention/encoder fast paths off within the block, as they were after."""
+    mha = getattr(torch.backends, "mha", None)
+    get = getattr(mha, "get_fastpath_enabled", None)
+    set_ = getattr(mha, "set_fastpath_enabled", None)
+    if get is None or set_ is None:  # pragma: no cover - every supported torch has the switch
+        yield
+        return
+    was = bool(get())
+    set_(False)
+    try:
+        yield
+    finally:
+        set_(was)
+
+
+def _has_values(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and not t.is_meta and not nn.parameter.is_lazy(t)
+
+
+#: Libraries whose layers never write their own weights in ``forward``: their parameters are not
+#: copied (GPT-2's 85M parameters live in transformers' Conv1D, LLaMA's in nn.Linear).
+_LIBRARIES = ("torch.", "transformers.")
+
+
+def _library_class(module: nn.Module) -> bool:
+    return type(module).__module__.startswith(_LIBRARIES)
+
+
+_SKIP_ATTRS = frozenset({"training", "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
+
+Registry = Dict[str, Any]
+
+
+class _Snapshot:
+    """The state of one model before the trace (see the module docstring)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.modules: List[Tuple[nn.Module, Registry, Registry, Registry]] = []
+        self.values: Dict[int, Tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self.versions: Dict[int, Tuple[str, torch.Tensor, int]] = {}
+        for qual, module in walk.named_modules(model):
+            library = _library_class(module)
+            if not isinstance(module, torch.jit.ScriptModule):  # TorchScript rebinds nothing from Python
+                # the libraries' layers rebind no attribute in forward: only a user's classes' are kept
+                attrs = {} if library else {k: v for k, v in vars(module).items() if k not in _SKIP_ATTRS}
+                self.modules.append((module, dict(module._parameters), dict(module._buffers), attrs))
+            copy_params = not library
+            for t in module._buffers.values():
+                self._keep(t)
+            for name, t in module._parameters.items():
+                if copy_params:
+                    self._keep(t)
+                elif _has_values(t) and id(t) not in self.versions:
+                    self.versions[id(t)] = (f"{qual}.{name}" if qual else name, t, t._version)
+
+    def _keep(self, t: Any) -> None:
+        if _has_values(t) and id(t) not in self.values:
+            self.values[id(t)] = (t, t.detach().clone(), t._version)
+
+    def restore(self) -> None:
+        """Put back what changed: registry entries and attributes by identity, then values."""
+        for module, params, buffers, attrs in self.modules:
+            for registry, before in ((module._parameters, params), (module._buffers, buffers)):
+                for name, t in before.items():
+                    if registry.get(name) is not t:
+                        registry[name] = t
+            current = vars(module)
+            for key, value in attrs.items():
+                if key in current and current[key] is not value:
+                    current[key] = value
+        with torch.no_grad():
+            for t, copy, version in self.values.values():
+                if (t.shape, t.dtype, t.device) != (copy.shape, copy.dtype, copy.device):
+                    t.data = copy  # rebound through .data: the old storage back
+                elif t._version != version or not torch.equal(t, copy):
+                    t.copy_(copy)
+        moved = [name for name, t, version in self.versions.values() if t._version != version]
+        if moved:
+            warnings.warn(
+                f"the forward wrote {len(moved)} parameter(s) of PyTorch or transformers layers in place "
+                f"({', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}); the trace keeps no copy of "
+                "those, so they keep the new values",
+                UserWarning, stacklevel=4,
+            )
+
+
+@contextlib.contextmanager
+def state_kept(model: nn.Module) -> Iterator[None]:
+    """Within the block the forward may change the model's parameters, buffers and attributes;
+    after it (whatever happens) they are put back as the module docstring says."""
+    snapshot = _Snapshot(model)
+    try:
+        yield
+    finally:
+        snapshot.restore()

@@ -1,0 +1,87 @@
+"""Warnings raised while the model's forward runs, told as the model's, not the tracer's.
+
+PyTorch attributes a warning to the frame ``stacklevel`` above its ``warnings.warn``; during the
+trace the frames in between include the tracer's flow mode and hooks, so a warning the user's own
+``F.softmax(x)`` provokes was shown as ``neurarch_trace/trace/provenance.py:93``. :func:`model_warnings`
+catches the warnings of the forward (under the filters in force, so an ignored warning stays
+ignored) and, after it, issues each once (same category, text and place) again as a
+:class:`~neurarch_trace.errors.TraceWarning` at the innermost frame of the model's own code, the
+file and line a user can open, with the layer that was running: ``good.py:19: TraceWarning:
+Implicit dimension choice for softmax has been deprecated ... (in layer 'head', Linear)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from neurarch_trace.errors import TraceWarning
+
+__all__ = ["model_warnings", "warn_no_output"]
+
+#: Frames from these folders are not the model's: the standard library's warnings, torch, the tracer.
+_NOT_THE_MODEL = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (
+    sys.modules["warnings"], sys.modules["torch"], sys.modules["neurarch_trace"]))
+
+
+def _model_frame(filename: str, lineno: int) -> Tuple[str, int, str]:
+    """``(file, line, module name)`` of the innermost frame outside torch, the tracer and the
+    standard library; the warning's own place when there is none."""
+    frame: Optional[Any] = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_NOT_THE_MODEL) and not path.startswith("<"):
+            return path, frame.f_lineno, str(frame.f_globals.get("__name__") or "")
+        frame = frame.f_back
+    return filename, lineno, ""
+
+
+Caught = Tuple[str, type, str, int, str, str]
+
+
+@contextlib.contextmanager
+def model_warnings(running: Callable[[], str]) -> Iterator[List[Caught]]:
+    """Within the block, warnings are caught with the place in the model's code that caused them
+    and ``running()`` (the layer running then, ``in layer 'fc' (Linear)``, or ``""``); after it
+    each distinct one is issued again there (see the module docstring). Yields the list of what
+    was caught."""
+    caught: List[Caught] = []
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        place, number, module = _model_frame(filename, lineno)
+        caught.append((str(message), category, place, number, module, running()))
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        try:
+            yield caught
+        finally:
+            warnings.showwarning = show  # the forward may have replaced it
+    _reissue(caught)
+
+
+def _reissue(caught: List[Caught]) -> None:
+    seen: Dict[Tuple[str, type, str, int], None] = {}
+    for message, category, place, number, module, running in caught:
+        key = (message, category, place, number)
+        if key in seen:
+            continue
+        seen[key] = None
+        text = f"{message} ({running}; {category.__name__})" if running else f"{message} ({category.__name__})"
+        name = module or os.path.splitext(os.path.basename(place))[0]
+        warnings.warn_explicit(text, TraceWarning, place, number, module=name, registry={})
+
+
+def warn_no_output(model: Any, model_name: str) -> None:
+    """The forward returned no tensor (``None``, or only Python values): say so, at the model's
+    ``forward``."""
+    forward = getattr(type(model), "forward", None)
+    code = getattr(forward, "__code__", None)
+    place, number = (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
+    warnings.warn_explicit(
+        f"{model_name}'s forward returned no tensor: the graph's output node is fed only by the layers "
+        "whose results nothing used (measured.syntheticConnections); return the outputs to connect them",
+        TraceWarning, place, number, module=os.path.splitext(os.path.basename(place))[0], registry={})

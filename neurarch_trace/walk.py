@@ -1,0 +1,120 @@
+"""The user's module tree, walked without calling its methods.
+
+A model may keep an attribute that shadows an ``nn.Module`` method: submodules in a plain list
+named ``modules``, a config dict named ``parameters``, a flag named ``eval``. PyTorch's own
+``model(x)`` never calls those methods, so such a model runs; but ``model.modules()`` raises
+``TypeError: 'list' object is not callable``, and so does the unbound ``nn.Module.modules(model)``,
+which calls ``self.named_modules()`` inside (as ``parameters()`` calls ``named_parameters()`` and
+``eval()`` calls ``train()``, then ``children()``). These walkers read the registries every
+``nn.Module`` keeps (``_modules``, ``_parameters``, ``_buffers``) directly and yield what PyTorch's
+iterators yield, in the same order (pre-order, registration order), with the same de-duplication.
+Everything here that calls a method on a user's module calls the unbound ``nn.Module`` one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Tuple
+
+from torch import nn
+
+__all__ = [
+    "buffers",
+    "children",
+    "modules",
+    "named_buffers",
+    "named_children",
+    "named_modules",
+    "named_parameters",
+    "parameters",
+    "register_hooks",
+    "set_training",
+]
+
+
+def named_children(module: nn.Module) -> Iterator[Tuple[str, nn.Module]]:
+    """``(name, child)`` of each registered child, as ``module.named_children()`` (once each)."""
+    seen: set = set()
+    for name, child in module._modules.items():
+        if child is not None and id(child) not in seen:
+            seen.add(id(child))
+            yield name, child
+
+
+def children(module: nn.Module) -> Iterator[nn.Module]:
+    """Each registered child once, as ``module.children()``."""
+    for _, child in named_children(module):
+        yield child
+
+
+def named_modules(model: nn.Module, remove_duplicate: bool = True) -> Iterator[Tuple[str, nn.Module]]:
+    """``(path, module)`` for ``model`` and every submodule, pre-order, as
+    ``model.named_modules(remove_duplicate=...)``: with ``remove_duplicate=False`` a module
+    registered under two parents comes once per path. Iterative, so depth is not bounded by
+    Python's recursion limit."""
+    memo: set = set()
+    stack = [("", model)]
+    while stack:
+        prefix, module = stack.pop()
+        if id(module) in memo:
+            continue
+        if remove_duplicate:
+            memo.add(id(module))
+        yield prefix, module
+        subs = [(f"{prefix}.{name}" if prefix else name, child)
+                for name, child in module._modules.items() if child is not None]
+        stack.extend(reversed(subs))
+
+
+def modules(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` and every submodule once, pre-order, as ``model.modules()``."""
+    for _, module in named_modules(model):
+        yield module
+
+
+def _named_members(model: nn.Module, registry: str, recurse: bool) -> Iterator[Tuple[str, Any]]:
+    memo: set = set()
+    walked = named_modules(model) if recurse else iter([("", model)])
+    for prefix, module in walked:
+        for key, value in getattr(module, registry).items():
+            if value is None or id(value) in memo:
+                continue
+            memo.add(id(value))
+            yield (f"{prefix}.{key}" if prefix else key), value
+
+
+def named_parameters(model: nn.Module, recurse: bool = True) -> Iterator[Tuple[str, nn.Parameter]]:
+    """``(name, parameter)``, each ``nn.Parameter`` once, as ``model.named_parameters()``."""
+    return _named_members(model, "_parameters", recurse)
+
+
+def parameters(model: nn.Module, recurse: bool = True) -> Iterator[nn.Parameter]:
+    """Each ``nn.Parameter`` once, as ``model.parameters()``."""
+    for _, p in named_parameters(model, recurse):
+        yield p
+
+
+def named_buffers(model: nn.Module, recurse: bool = True) -> Iterator[Tuple[str, Any]]:
+    """``(name, buffer)``, each buffer tensor once, as ``model.named_buffers()``."""
+    return _named_members(model, "_buffers", recurse)
+
+
+def buffers(model: nn.Module, recurse: bool = True) -> Iterator[Any]:
+    """Each buffer tensor once, as ``model.buffers()``."""
+    for _, b in named_buffers(model, recurse):
+        yield b
+
+
+def set_training(model: nn.Module, mode: bool) -> None:
+    """``model.train(mode)`` without calling it: the ``training`` flag of every module (what
+    ``nn.Module.train`` sets; a class overriding ``train()`` is not asked)."""
+    for module in modules(model):
+        module.training = mode
+
+
+def register_hooks(module: nn.Module, pre: Any, post: Any) -> list:
+    """A forward pre-hook and a forward hook (both ``with_kwargs=True``) on ``module``, through
+    the unbound ``nn.Module`` methods; returns their handles."""
+    return [
+        nn.Module.register_forward_pre_hook(module, pre, with_kwargs=True),
+        nn.Module.register_forward_hook(module, post, with_kwargs=True),
+    ]
