@@ -208,12 +208,42 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
 class FlopMode(TorchDispatchMode):
     """A dispatch mode that hands each operation's FLOPs to ``sink(flops, op_name)``.
 
-    ``flops`` is ``None`` for an operation that could not be counted.
+    ``flops`` is ``None`` for an operation that could not be counted. :meth:`suspend` takes the mode
+    off the dispatch stack (while a layer whose FLOPs have a closed form runs) and :meth:`resume`
+    puts it back; they pair up, and :meth:`restore` puts back whatever an exception left popped.
+
+    ``__torch_dispatch__`` is not wrapped in ``torch._disable_dynamo`` (``_should_skip_dynamo``
+    is False): the wrapper imports ``torch._dynamo`` on the first operation (about a second of a
+    cold start) and adds a call per operation, and the trace never compiles.
     """
 
     def __init__(self, sink: Callable[[int | None, str], None]) -> None:
         super().__init__()
         self._sink = sink
+        self._popped: list[bool] = []
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def suspend(self) -> bool:
+        """Pop this mode off the dispatch stack if it is on top; True when it was popped."""
+        depth = torch._C._len_torch_dispatch_stack()
+        popped = depth > 0 and torch._C._get_dispatch_stack_at(depth - 1) is self
+        if popped:
+            torch._C._pop_torch_dispatch_stack(None)
+        self._popped.append(popped)
+        return popped
+
+    def resume(self) -> None:
+        """Push back what the matching :meth:`suspend` popped."""
+        if self._popped and self._popped.pop():
+            torch._C._push_on_torch_dispatch_stack(self)
+
+    def restore(self) -> None:
+        """Push back everything still popped (a forward raised inside a layer)."""
+        while self._popped:
+            self.resume()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:

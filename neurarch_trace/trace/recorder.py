@@ -19,11 +19,15 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Set
 
 import torch
+import torch.nn.modules.module as _global_hooks
 from torch import nn
 
+from neurarch_trace.flops import FlopMode
 from neurarch_trace.mapping import count_params, is_passthrough, is_whole_layer
 from neurarch_trace.text import plural
 from neurarch_trace.trace.batch import BatchSize, raw_shape
+from neurarch_trace.trace.closed_form import Formula, closed_form
+from neurarch_trace.trace.closed_form import enabled as fast_paths_enabled
 from neurarch_trace.trace.kinds import LayerKinds, apply_node_formula
 from neurarch_trace.trace.merges import MERGES, merge_operands, merge_record
 from neurarch_trace.trace.modules import inner
@@ -34,6 +38,11 @@ from neurarch_trace.trace.stack import LAYER, LayerStack, Names
 from neurarch_trace.trace.tensors import dtype_name, iter_tensors
 
 __all__ = ["Recorder"]
+
+#: Result types of torch calls that hold no tensor (shapes, sizes, dtypes).
+_NO_TENSOR_RESULT = frozenset({int, float, bool, str, torch.Size, torch.dtype, torch.device})
+#: Modules whose forward checks the grad mode (fused inference fast paths).
+_GRAD_SENSITIVE = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 
 
 class Recorder:
@@ -67,6 +76,13 @@ class Recorder:
         self.ownership = Ownership(self.provenance.tensors_by_key)
         self.kinds = LayerKinds(model)
         self.flow = FlowMode(self)
+        self.flop_mode = FlopMode(self.on_flops)
+        # closed-form FLOPs for known leaf layers (see .closed_form); a global forward hook would run
+        # inside every layer, so it turns them off
+        self.fast = fast_paths_enabled() and not (_global_hooks._global_forward_hooks
+                                                  or _global_hooks._global_forward_pre_hooks)
+        self._closed: Optional[Formula] = None  # the running layer's closed form, if it has one
+        self._grad_modes: List[bool] = []  # grad modes to put back after grad-sensitive modules
         self._sink: Optional[LayerCall] = None
         self._first_call: Dict[int, LayerCall] = {}
         self._qual_calls: Dict[str, int] = {}
@@ -135,7 +151,7 @@ class Recorder:
     def _is_layer(self, module: nn.Module, qual: str) -> bool:
         if is_whole_layer(module) or not module._modules:
             return True
-        if getattr(module, "_neurarch_opaque", False):
+        if getattr(type(module), "_neurarch_opaque", False):
             return True
         if self.depth is not None:
             level = 0 if qual == "" else qual.count(".") + 1
@@ -143,7 +159,14 @@ class Recorder:
         return False
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Forward pre-hook (``with_kwargs=True``) of every module."""
+        """Forward pre-hook (``with_kwargs=True``) of every module.
+
+        A layer's bookkeeping runs with the flow mode and the FLOP mode off their stacks; the FLOP
+        mode goes back for the layer's forward unless the layer's FLOPs have a closed form
+        (:mod:`.closed_form`), which :meth:`post_hook` charges instead."""
+        if self._grad_sensitive(module):
+            self._grad_modes.append(torch.is_grad_enabled())
+            torch._C._set_grad_enabled(True)
         if self.inside_layer or self.paused:  # inside a layer, or the recorder reading a parametrized weight
             self.stack.push_skip()
             return
@@ -154,6 +177,8 @@ class Recorder:
         if not self._is_layer(module, qual):
             self.stack.push_scope(qual, module)
             return
+        self.flow.suspend()
+        popped = self.flop_mode.suspend()
         self.paused = True
         try:
             record = self._new_layer(module, qual, args, kwargs)
@@ -162,21 +187,38 @@ class Recorder:
         self.stack.push_layer(record)
         self.inside_layer += 1
         self._sink = record
-        self.flow.suspend()
+        # a closed form only when the FLOP mode really is off the stack (no other mode above it)
+        formula = closed_form(module, args, kwargs) if self.fast and popped else None
+        self._closed = formula
+        if formula is None:
+            self.flop_mode.resume()
 
     def post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         """Forward hook (``with_kwargs=True``) of every module."""
         kind, record = self.stack.pop()
-        if kind is not LAYER:
-            return
-        self.flow.resume()
-        self.inside_layer -= 1
-        self._sink = None
-        self.paused = True
-        try:
-            self._finish_layer(record, module, args, kwargs, output)
-        finally:
-            self.paused = False
+        if kind is LAYER:
+            self.inside_layer -= 1
+            self._sink = None
+            formula = self._closed
+            self._closed = None
+            if formula is None:
+                self.flop_mode.suspend()
+            self.paused = True
+            try:
+                self._finish_layer(record, module, args, kwargs, output, formula)
+            finally:
+                self.paused = False
+            self.flop_mode.resume()
+            self.flow.resume()
+        if self._grad_modes and self._grad_sensitive(module):
+            torch._C._set_grad_enabled(self._grad_modes.pop())
+
+    def _grad_sensitive(self, module: nn.Module) -> bool:
+        """nn.MultiheadAttention and nn.TransformerEncoder(Layer) take a fused fast path when
+        autograd is off: on the fast path (a forward under ``no_grad``) they run with autograd on,
+        as on the reference path, unless the model itself runs them under ``inference_mode``."""
+        return (self.fast and isinstance(module, _GRAD_SENSITIVE)
+                and not torch.is_inference_mode_enabled())
 
     # --- layers -----------------------------------------------------------------------------
     def _new_layer(self, module: nn.Module, qual: str, args: tuple, kwargs: dict) -> LayerCall:
@@ -196,7 +238,10 @@ class Recorder:
         record.packed_params = packed_param_count(module)
         param_count = record.own_params if first is None else count_params(module)
         self.kinds.assign(record, module, param_count + record.packed_params)
-        for i, t in enumerate(list(iter_tensors(args)) + list(iter_tensors(kwargs))):
+        tensors = list(iter_tensors(args))
+        if kwargs:
+            tensors.extend(iter_tensors(kwargs))
+        for i, t in enumerate(tensors):
             prov = self.prov_of(t)
             self._take_sources(record, prov)
             if i == 0:
@@ -212,7 +257,8 @@ class Recorder:
                 self.ownership.claim_key(record, key)
         record.add_sources(frozenset(k for k in prov if isinstance(k, int)))
 
-    def _finish_layer(self, record: LayerCall, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _finish_layer(self, record: LayerCall, module: nn.Module, args: tuple, kwargs: dict, output: Any,
+                      formula: Optional[Formula]) -> None:
         outs = list(iter_tensors(output))
         key = frozenset((record.index,))
         for i, t in enumerate(outs):
@@ -221,12 +267,17 @@ class Recorder:
             self.set_prov(t, key)
         if outs:
             record.output_dtype = dtype_name(outs[0].dtype)
-        apply_node_formula(record, module, args, outs)
+        if formula is not None:
+            record.flops += formula(module, next(iter_tensors(args)), outs[0] if outs else None)
+        else:
+            apply_node_formula(record, module, args, outs)
 
     # --- functional code between layers, and FLOPs ------------------------------------------
     def on_function(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> Any:
         """A torch function ran between layers: give its results the union of its operands'
         provenance, or make it a merge node."""
+        if type(out) in _NO_TENSOR_RESULT and "out" not in kwargs:
+            return out  # x.shape, x.size(-1), x.dim(), x.dtype: nothing to carry provenance to
         ins = list(iter_tensors(args))
         if kwargs:
             ins.extend(iter_tensors({k: v for k, v in kwargs.items() if k != "out"}))

@@ -75,6 +75,10 @@ class LayerCall:
 
     def add_sources(self, keys: frozenset) -> None:
         """Add the record indices in ``keys`` to :attr:`sources`, in :func:`key_order`."""
+        if len(keys) == 1:
+            for key in keys:
+                self.sources.setdefault(key, None)
+            return
         for key in sorted(keys, key=key_order):
             self.sources.setdefault(key, None)
 

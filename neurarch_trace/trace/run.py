@@ -7,18 +7,19 @@ enabled; the model's training flags are restored and every hook removed in a ``f
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from neurarch_trace.errors import TraceError
-from neurarch_trace.flops import FlopMode
 from neurarch_trace.text import error_line
 from neurarch_trace.trace.modules import Opaque, opaque_script_modules, unwrap_model
 from neurarch_trace.trace.recorder import Recorder
+from neurarch_trace.trace.records import Recording
 from neurarch_trace.trace.serialise import build_graph
 from neurarch_trace.trace.tensors import iter_tensors, named_tensors, tensor_text
 
@@ -81,6 +82,13 @@ def _needs_values(exc: BaseException) -> bool:
     return "meta" in text or "data-dependent" in text or "item()" in text
 
 
+def _needs_autograd(exc: Optional[BaseException]) -> bool:
+    """The forward failed for want of autograd (it calls torch.autograd.grad or backward)."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("does not require grad" in text or "grad_fn" in text
+                                               or "differentiated Tensors" in text)
+
+
 def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
                  tensors: List[Tuple[str, torch.Tensor]]) -> TraceError:
     where = recorder.where()
@@ -97,25 +105,26 @@ def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tup
 
 
 def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
-             tensors: List[Tuple[str, torch.Tensor]], progress: Optional[Callable[[int], None]]) -> Any:
+             tensors: List[Tuple[str, torch.Tensor]], progress: Optional[Callable[[int], None]],
+             with_grad: bool = False) -> Any:
     """Run the forward once under the hooks, the FLOP mode and the flow mode; put everything back."""
     training = {m: m.training for m in model.modules()}
     handles: list = []
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # the trace makes many small objects; full collections would cost more than the trace
     try:
         _install_hooks(model, recorder, progress, handles)
         model.eval()
-        with torch.enable_grad(), FlopMode(recorder.on_flops), recorder.flow:
+        # the fast path runs the forward without autograd (no graph, activations freed as they go);
+        # the reference path and a forward that needs autograd (torch.autograd.grad) run with it
+        grad = torch.no_grad() if recorder.fast and not with_grad else torch.enable_grad()
+        with grad, recorder.flop_mode, recorder.flow:
             try:
                 return model(*args, **kwargs)
             finally:
-                recorder.flow.restore()  # a forward that raised inside a layer left the mode popped
+                recorder.flow.restore()  # a forward that raised inside a layer left the modes popped
+                recorder.flop_mode.restore()
     except Exception as exc:
         raise _trace_error(exc, recorder, model, args, kwargs, tensors) from exc
     finally:
-        if gc_was_enabled:
-            gc.enable()
         for handle in handles:
             handle.remove()
         for module, flag in training.items():
@@ -175,10 +184,41 @@ def trace_model(
         )
     graph_name = name or type(model).__name__
 
-    with opaque_script_modules(model):
-        recorder = Recorder(model, depth=depth, batch_size=int(tensors[0][1].shape[0]), root_name=graph_name)
+    with _no_gc(), opaque_script_modules(model):
+        recording = _record(model, args, call_kwargs, tensors, depth=depth, root_name=graph_name, progress=progress)
+        return build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name,
+                           description=description)
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The garbage collector off: a trace makes many small objects that live to its end, and
+    collections while it runs would walk them (and everything torch holds) again and again."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _record(model: nn.Module, args: tuple, kwargs: dict, tensors: List[Tuple[str, torch.Tensor]], *,
+            depth: Optional[int], root_name: str, progress: Optional[Callable[[int], None]]) -> Recording:
+    """The recording of one forward pass; once more with autograd if the forward needs it."""
+
+    def new_recorder() -> Recorder:
+        recorder = Recorder(model, depth=depth, batch_size=int(tensors[0][1].shape[0]), root_name=root_name)
         for input_name, t in tensors:
             recorder.add_input(input_name, t)
-        output = _forward(recorder, model, args, call_kwargs, tensors, progress)
-    return build_graph(recorder.finish(output), model=model, named_inputs=named_inputs, name=graph_name,
-                       description=description)
+        return recorder
+
+    recorder = new_recorder()
+    try:
+        output = _forward(recorder, model, args, kwargs, tensors, progress)
+    except TraceError as exc:
+        if not (recorder.fast and _needs_autograd(exc.__cause__)):
+            raise
+        recorder = new_recorder()  # the forward differentiates (torch.autograd.grad): again, with autograd
+        output = _forward(recorder, model, args, kwargs, tensors, progress, with_grad=True)
+    return recorder.finish(output)
