@@ -33,7 +33,10 @@ from neurarch_trace.contract import (
 )
 from neurarch_trace.errors import NeurarchError
 
-__all__ = ["build_parser", "build_plan_parser", "main"]
+__all__ = ["DEVICES", "build_parser", "build_plan_parser", "main"]
+
+#: The choices of ``--device`` (the same as :data:`neurarch_trace.api.DEVICES`, which needs torch).
+DEVICES = ("auto", "cpu", "meta")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,9 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--depth", type=int, default=None, metavar="N",
                         help="stop descending at depth N (1 = the model's children); a container cut off there "
                              "is one node")
-    parser.add_argument("--device", choices=("cpu", "meta"), default=None,
-                        help="trace on the CPU (default) or on PyTorch's meta device: shapes, parameters and FLOPs "
-                             "without allocating weights or activations (default for hf: targets)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="auto (default): build and trace on PyTorch's meta device (shapes, parameters and FLOPs "
+                             "without allocating weights or activations), and on the CPU, with a note, when the model "
+                             "needs real values (cpu with --weights); cpu; meta (no fallback)")
     parser.add_argument("--weights", action="store_true",
                         help="hf: only: load the checkpoint's real weights instead of building from config.json alone")
     parser.add_argument("--hf-class", default="AutoModel", metavar="CLASS",
@@ -170,12 +174,13 @@ def _trace_command(args: argparse.Namespace) -> int:
         import torch
 
         default_dtype = torch.long if is_hf else torch.float32
-    device = args.device or ("meta" if is_hf and not args.weights else "cpu")
+    device = args.device
     if args.weights and device == "meta":
         raise TargetError("--weights loads real weights, which the meta device cannot hold: drop --device meta")
     out_path = check_output_path(args.output) if not to_stdout and args.output is not None else None
 
     progress = Progress()
+    notes: list = []
     with progress:
         graph, loaded_name = trace_target(
             args.target,
@@ -188,7 +193,10 @@ def _trace_command(args: argparse.Namespace) -> int:
             hf_class=args.hf_class,
             quiet=not args.verbose,
             progress=progress,
+            note=notes.append,
         )
+    for line in notes:
+        say(f"note: {line}")
     if to_stdout:
         sys.stdout.write(dumps_graph(graph))
         sys.stdout.flush()

@@ -98,7 +98,7 @@ def test_hf_config_only_folder(tmp_path, capfd):
                                    num_attention_heads=8, num_key_value_heads=2, vocab_size=1000)
     cfg.save_pretrained(tmp_path / "cfg-only")
     assert sorted(p.name for p in (tmp_path / "cfg-only").iterdir()) == ["config.json"]
-    code, _, err = cli(["hf:cfg-only", "-o", "g.json"], tmp_path, capfd)
+    code, _, err = cli(["hf:cfg-only", "--device", "meta", "-o", "g.json"], tmp_path, capfd)
     assert code == 0, err
     graph = json.loads((tmp_path / "g.json").read_text())
     assert graph["measured"]["device"] == "meta"

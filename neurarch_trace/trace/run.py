@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, T
 import torch
 from torch import nn
 
-from neurarch_trace.errors import TraceError
+from neurarch_trace.errors import NeedsValuesError, TraceError
 from neurarch_trace.text import error_line
 from neurarch_trace.trace.modules import Opaque, opaque_script_modules, unwrap_model
 from neurarch_trace.trace.recorder import Recorder
@@ -93,7 +93,7 @@ def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tup
                  tensors: List[Tuple[str, torch.Tensor]]) -> TraceError:
     where = recorder.where()
     if _on_meta(model, args, kwargs) and _needs_values(exc):
-        return TraceError(
+        return NeedsValuesError(
             f"the forward pass needs real tensor values, which the meta device does not have, {where} "
             f"({error_line(exc)}): trace on the CPU instead (--device cpu)"
         )
