@@ -28,7 +28,7 @@ class RawShape(tuple):
 def raw_shape(t: torch.Tensor, module: Optional[nn.Module], index: int, *, is_output: bool) -> RawShape:
     """The tensor's full shape and, when a known layer says so (``module`` produced or received
     it as its ``index``-th tensor), its batch axis."""
-    shape = tuple(int(d) for d in t.shape)
+    shape = tuple(map(int, t.shape))
     return RawShape(shape, known_batch_axis(module, index, len(shape), is_output) if shape else None)
 
 
@@ -77,10 +77,11 @@ def known_batch_axis(module: Optional[nn.Module], index: int, ndim: int, is_outp
                 return -1
             return 0 if target.batch_first else 1
         return 1 if ndim == 3 else -1
+    is_mha = isinstance(target, nn.MultiheadAttention)
+    if not is_mha and not type(target).__name__.startswith("Transformer"):
+        return None  # the common case, without the attribute look-ups below
     batch_first = _transformer_batch_first(target)
-    if isinstance(target, nn.MultiheadAttention) or (
-        batch_first is False and type(target).__name__.startswith("Transformer")
-    ):
+    if is_mha or (batch_first is False and type(target).__name__.startswith("Transformer")):
         if isinstance(target, nn.MultiheadAttention) and is_output and index == 1:
             return 0  # attention weights are (N, L, S) in either layout
         if ndim == 3:

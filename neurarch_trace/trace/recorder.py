@@ -83,6 +83,7 @@ class Recorder:
                                                   or _global_hooks._global_forward_pre_hooks)
         self._closed: Optional[Formula] = None  # the running layer's closed form, if it has one
         self._grad_modes: List[bool] = []  # grad modes to put back after grad-sensitive modules
+        self._sensitive_types: Dict[type, bool] = {}
         self._sink: Optional[LayerCall] = None
         self._first_call: Dict[int, LayerCall] = {}
         self._qual_calls: Dict[str, int] = {}
@@ -149,7 +150,7 @@ class Recorder:
 
     # --- the hooks --------------------------------------------------------------------------
     def _is_layer(self, module: nn.Module, qual: str) -> bool:
-        if is_whole_layer(module) or not module._modules:
+        if not module._modules or is_whole_layer(module):
             return True
         if getattr(type(module), "_neurarch_opaque", False):
             return True
@@ -217,8 +218,11 @@ class Recorder:
         """nn.MultiheadAttention and nn.TransformerEncoder(Layer) take a fused fast path when
         autograd is off: on the fast path (a forward under ``no_grad``) they run with autograd on,
         as on the reference path, unless the model itself runs them under ``inference_mode``."""
-        return (self.fast and isinstance(module, _GRAD_SENSITIVE)
-                and not torch.is_inference_mode_enabled())
+        cls = type(module)
+        sensitive = self._sensitive_types.get(cls)
+        if sensitive is None:
+            sensitive = self._sensitive_types[cls] = self.fast and issubclass(cls, _GRAD_SENSITIVE)
+        return sensitive and not torch.is_inference_mode_enabled()
 
     # --- layers -----------------------------------------------------------------------------
     def _new_layer(self, module: nn.Module, qual: str, args: tuple, kwargs: dict) -> LayerCall:
@@ -252,9 +256,12 @@ class Recorder:
     def _take_sources(self, record: LayerCall, prov: frozenset) -> None:
         if not prov:
             return
-        for key in prov:
-            if isinstance(key, str):
-                self.ownership.claim_key(record, key)
+        names = [key for key in prov if isinstance(key, str)]
+        if not names:  # the common case: only records
+            record.add_sources(prov)
+            return
+        for key in names:
+            self.ownership.claim_key(record, key)
         record.add_sources(frozenset(k for k in prov if isinstance(k, int)))
 
     def _finish_layer(self, record: LayerCall, module: nn.Module, args: tuple, kwargs: dict, output: Any,

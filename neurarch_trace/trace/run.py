@@ -1,8 +1,10 @@
 """``trace_model``: check the arguments, run one forward pass under the recorder, build the graph.
 
 This module only orchestrates: the recorder (:mod:`.recorder`) records, the serialiser
-(:mod:`.serialise`) writes the graph. The forward runs once, in ``eval()`` mode with autograd
-enabled; the model's training flags are restored and every hook removed in a ``finally`` block.
+(:mod:`.serialise`) writes the graph. The forward runs once, in ``eval()`` mode, without autograd
+(no graph kept, activations freed as they go; :mod:`.closed_form` says what the fast paths are and
+``reference_path()`` turns them off), again with autograd when the forward itself differentiates;
+the model's training flags are restored and every hook removed in a ``finally`` block.
 """
 
 from __future__ import annotations
@@ -108,11 +110,12 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
              tensors: List[Tuple[str, torch.Tensor]], progress: Optional[Callable[[int], None]],
              with_grad: bool = False) -> Any:
     """Run the forward once under the hooks, the FLOP mode and the flow mode; put everything back."""
-    training = {m: m.training for m in model.modules()}
+    training = [(m, m.training) for m in model.modules()]  # the flags to put back
     handles: list = []
     try:
         _install_hooks(model, recorder, progress, handles)
-        model.eval()
+        if any(flag for _, flag in training):
+            model.eval()
         # the fast path runs the forward without autograd (no graph, activations freed as they go);
         # the reference path and a forward that needs autograd (torch.autograd.grad) run with it
         grad = torch.no_grad() if recorder.fast and not with_grad else torch.enable_grad()
@@ -127,8 +130,9 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
     finally:
         for handle in handles:
             handle.remove()
-        for module, flag in training.items():
-            module.training = flag
+        for module, flag in training:
+            if module.training != flag:  # nn.Module.__setattr__ is slow: only what changed
+                module.training = flag
 
 
 def trace_model(
