@@ -390,6 +390,7 @@ def test_fixture_and_example_graphs_are_the_reference_graphs(name):
         assert_same(make_model(), make_inputs(), depth=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_transformers_sweep_graphs_are_the_reference_graphs(arch):
     transformers = pytest.importorskip("transformers")

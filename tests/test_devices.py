@@ -80,6 +80,7 @@ def test_fixtures_on_meta_are_the_cpu_graphs(name):
 ARCHITECTURES_NEEDING_VALUES = {"bart": "needs real tensor values", "mixtral": "Expected inputs of BF16 type"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_transformers_sweep_on_meta_is_the_cpu_graphs(arch):
     transformers = pytest.importorskip("transformers")

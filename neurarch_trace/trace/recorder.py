@@ -292,7 +292,7 @@ class Recorder:
             return out
         prov_of = self.prov_of
         provs = [prov_of(t) for t in ins]
-        union = EMPTY.union(*provs)
+        union = provs[0] if len(provs) == 1 else EMPTY.union(*provs)
         if not union:
             return out
         name = getattr(func, "__name__", "")
