@@ -400,3 +400,22 @@ def test_transformers_sweep_graphs_are_the_reference_graphs(arch):
         warnings.simplefilter("ignore")
         model = transformers.AutoModel.from_config(make_config())
     assert_same(model, make_inputs())
+
+
+@pytest.mark.slow
+def test_a_model_calling_torch_compile_inside_its_forward():
+    @torch.compile(backend="eager")
+    def gate(x, w):  # noqa: ANN001, ANN202
+        return torch.sigmoid(x @ w) * x
+
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.w = nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):  # noqa: ANN001, ANN201
+            return gate(self.fc(x), self.w)
+
+    graph = assert_same(Gated(), torch.randn(2, 8))
+    assert graph["measured"]["functionalFlops"] == 2 * 2 * 8 * 8
