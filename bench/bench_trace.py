@@ -19,8 +19,9 @@ Reports, in one run on this machine:
    1, CPU, ``eval()``: the time of every runner of :data:`RUNNERS` and its ratio to the bare
    no-grad forward. The runners run in rounds, each round every runner once, in an order rotated
    by one each round, after one warm-up round; ``gc.collect()`` runs before each timed call, so a
-   collection the previous runner left pending is nobody's; the medians of ``--repeats`` rounds
-   are reported.
+   collection the previous runner left pending is nobody's. Reported: the median time of each
+   over ``--repeats`` rounds, and its ratio to the bare forward from the round-paired differences
+   (:func:`summarise`).
 2. The command line as a user runs it, whole process (``neurarch-trace
    examples/models/resnet.py:ResNet50 --input 1,3,224,224``, default device and ``--device cpu``),
    next to ``python -c "import torch"`` (the floor every torch tool pays) and a torchinfo script
@@ -155,9 +156,9 @@ def models() -> List[Tuple[str, Callable[[], Model]]]:
     return rows
 
 
-def rotated_medians(calls: Dict[str, Call], repeats: int) -> Dict[str, float]:
-    """Median time of each call over ``repeats`` rounds; each round runs every call once, starting
-    one further along each round, after a warm-up round; a ``gc.collect()`` before each call."""
+def rounds(calls: Dict[str, Call], repeats: int) -> Dict[str, List[float]]:
+    """The times of each call in ``repeats`` rounds; each round runs every call once, starting one
+    further along each round, after a warm-up round; a ``gc.collect()`` before each call."""
     names = list(calls)
     for name in names:
         calls[name]()
@@ -168,7 +169,18 @@ def rotated_medians(calls: Dict[str, Call], repeats: int) -> Dict[str, float]:
             start = CLOCK()
             calls[name]()
             times[name].append(CLOCK() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
+
+
+def summarise(times: Dict[str, List[float]], base: str) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Median seconds of each call, and its ratio to ``base``: 1 + the median over rounds of its
+    time minus the base's time in the same round, over the base's median. Pairing by round takes
+    out most of a shared machine's drift, which moves a whole round at once."""
+    seconds = {name: statistics.median(t) for name, t in times.items()}
+    base_times = times[base]
+    ratio = {name: 1 + statistics.median(a - b for a, b in zip(t, base_times)) / seconds[base]
+             for name, t in times.items()}
+    return seconds, ratio
 
 
 def bench_in_process(repeats: int, only: Optional[str] = None) -> List[dict]:
@@ -184,11 +196,10 @@ def bench_in_process(repeats: int, only: Optional[str] = None) -> List[dict]:
             call = make(model, args, kwargs)
             if call is not None:
                 calls[column] = call
-        seconds = rotated_medians(calls, repeats)
-        base = seconds[RUNNERS[0][0]]
-        row = {"model": label, "seconds": seconds, "ratio": {k: v / base for k, v in seconds.items()}}
+        seconds, ratio = summarise(rounds(calls, repeats), RUNNERS[0][0])
+        row = {"model": label, "seconds": seconds, "ratio": ratio}
         rows.append(row)
-        shown = "  ".join(f"{k} {v * 1e3:.1f} ms ({v / base:.2f}x)" for k, v in seconds.items())
+        shown = "  ".join(f"{k} {v * 1e3:.1f} ms ({ratio[k]:.3f}x)" for k, v in seconds.items())
         print(f"{label:34s} {shown}", flush=True)
     return rows
 
@@ -352,7 +363,7 @@ def machine() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--cli-repeats", type=int, default=5)
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--cpu-time", action="store_true",

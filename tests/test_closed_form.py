@@ -238,8 +238,12 @@ def test_known_layers_run_without_the_dispatch_mode(monkeypatch):
     assert seen.count("aten.convolution") == 20 and seen.count("aten.addmm") == 1
     seen.clear()
     trace_model(model, x)
-    # only the functional code between layers: the 8 residual adds and the flatten before fc
-    assert sorted(seen) == ["aten.add_"] * 8 + ["aten.view"]
+    # the functional code between layers (8 residual adds, the flatten before fc) costs 0 FLOPs
+    # whatever the shapes: the FLOP mode steps aside for it too
+    assert seen == []
+    # attention between layers still goes through it
+    trace_model(load_example("gpt").TinyGPT(), torch.randint(0, 100, (1, 16)))
+    assert seen == ["aten._scaled_dot_product_flash_attention_for_cpu"] * 4
 
 
 # --- when the closed form stands aside --------------------------------------------------------
@@ -419,3 +423,61 @@ def test_a_model_calling_torch_compile_inside_its_forward():
 
     graph = assert_same(Gated(), torch.randn(2, 8))
     assert graph["measured"]["functionalFlops"] == 2 * 2 * 8 * 8
+
+
+def zero_flop_samples() -> None:
+    """One call or more of every function of ZERO_FLOP_FUNCTIONS."""
+    F = torch.nn.functional
+    x = torch.randn(2, 3, 4)
+    b = x > 0
+    i = torch.tensor([0, 1])
+    x.view(6, 4), x.view_as(x), x.reshape(-1), x.reshape_as(x), x.transpose(0, 1), x.permute(2, 0, 1)
+    x.transpose(0, 1).contiguous(), x.split(1), x.chunk(2, -1), x.unbind(), x.unsqueeze(0), x[:1].squeeze(0)
+    x[:1].expand(3, 3, 4), x[:1].expand_as(x), x.flatten(), x.unflatten(-1, (2, 2)), x.narrow(0, 0, 1)
+    x.select(0, 1), x[0].t(), x[0, 1:], x[i], x[b], x.to(torch.float64), x.float(), x.half(), x.bfloat16()
+    x.long(), x.int(), x.bool(), x.type_as(i), x.clone(), x.detach(), x.repeat(2, 1, 1), x.repeat_interleave(2, 0)
+    y = x.clone()
+    y[0] = 1.0
+    y[b] = 0.0
+    y.masked_fill_(b, 1.0), x.masked_fill(b, 0.0), x.add(x), y.add_(x), x.sub(x), y.sub_(x), x.mul(x), y.mul_(2)
+    x.div(2), y.div_(x.abs() + 1), x.neg(), x.pow(2), x.abs().sqrt(), (x.abs() + 1).rsqrt(), x.exp(), x.abs().log()
+    x.abs(), x.tanh(), x.sigmoid(), x.relu(), x.softmax(-1), x.log_softmax(-1), x.clamp(-1, 1), x.mean(-1), x.sum()
+    x.amax(-1), x.argmax(-1), x.cumsum(-1), x.eq(x), x.ne(x), x.lt(x), x.gt(x), x.le(x), x.ge(x), b.all(), b.any()
+    x.flip(0), x.roll(1, 0), x[0].tril(), x[0].triu(), x + x, 1 + x, x - 1, 1 - x, x * x, 2 * x, x / 2, 2 / (x + 9), -x
+    x ** 2, x == x, x != x, x < x, x > x, x <= x, x >= x, b & b, b | b, ~b, bool(b[0, 0, 0]), x[0, 0, 0].item()
+    x.size(), x.dim()
+    y += x
+    y -= x
+    y *= 2
+    y /= 2
+    torch.cat([x, x]), torch.concat([x, x]), torch.stack([x, x]), torch.arange(5), torch.zeros(2), torch.ones(2)
+    torch.full((2,), 1.0), torch.zeros_like(x), torch.ones_like(x), torch.full_like(x, 2.0), torch.empty(2)
+    torch.empty_like(x), torch.where(b, x, 0.0), torch.tril(x[0]), torch.triu(x[0]), torch.cumsum(x, 0), torch.diff(x)
+    torch.tanh(x), torch.exp(x), torch.sigmoid(x), torch.masked_fill(x, b, 0.0), torch.flatten(x), torch.reshape(x, (-1,))
+    torch.transpose(x, 0, 1), torch.permute(x, (2, 0, 1)), torch.unsqueeze(x, 0), torch.squeeze(x[:1]), torch.split(x, 1)
+    torch.chunk(x, 2)
+    F.dropout(x, 0.5, True), F.dropout(x, 0.5, False), F.softmax(x, -1), F.log_softmax(x, -1), F.gelu(x), F.silu(x)
+    F.relu(x), F.pad(x, (1, 1)), F.pad(x, (1, 1), mode="reflect"), F.layer_norm(x, (4,))
+    F.embedding(torch.tensor([[0, 2]]), torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("mode", GRAD_MODES)
+def test_the_functions_the_flop_mode_steps_aside_for_count_nothing(mode):
+    from torch.overrides import TorchFunctionMode
+
+    from neurarch_trace.flops import FlopMode
+    from neurarch_trace.trace.closed_form import ZERO_FLOP_FUNCTIONS
+
+    called = set()
+
+    class Seen(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            called.add(func)
+            return func(*args, **(kwargs or {}))
+
+    counted = []
+    context = {"plain": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+    with context[mode](), FlopMode(lambda flops, op: counted.append((op, flops))), Seen():
+        zero_flop_samples()
+    assert counted == []  # no FLOPs, no operation without a formula
+    assert ZERO_FLOP_FUNCTIONS <= called  # the samples call every one of them

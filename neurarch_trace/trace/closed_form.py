@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 import torch
 from torch import nn
@@ -38,31 +38,31 @@ from torch.utils.flop_counter import conv_flop_count
 
 from neurarch_trace.trace.tensors import iter_tensors
 
-__all__ = ["Formula", "closed_form", "enabled", "formula_for", "reference_path"]
+__all__ = ["Formula", "ZERO_FLOP_FUNCTIONS", "closed_form", "enabled", "formula_for", "plain_types", "reference_path"]
 
-#: ``formula(module, first_input, first_output) -> FLOPs`` at the traced batch.
-Formula = Callable[[nn.Module, torch.Tensor, torch.Tensor], int]
+#: ``formula(module, first input's shape, first output's shape) -> FLOPs`` at the traced batch.
+Formula = Callable[[nn.Module, torch.Size, Optional[torch.Size]], int]
 
 
-def _zero(module: nn.Module, x: torch.Tensor, out: Any) -> int:
+def _zero(module: nn.Module, x: torch.Size, out: Optional[torch.Size]) -> int:
     return 0
 
 
-def _linear(module: nn.Module, x: torch.Tensor, out: Any) -> int:
+def _linear(module: nn.Module, x: torch.Size, out: Optional[torch.Size]) -> int:
     # F.linear folds every leading dim into rows: mm/addmm (2-D and more), mv (1-D)
     in_features, out_features = int(module.weight.shape[1]), int(module.weight.shape[0])
-    return 2 * math.prod(x.shape[:-1]) * in_features * out_features
+    return 2 * math.prod(x[:-1]) * in_features * out_features
 
 
-def _hf_conv1d(module: nn.Module, x: torch.Tensor, out: Any) -> int:
+def _hf_conv1d(module: nn.Module, x: torch.Size, out: Optional[torch.Size]) -> int:
     # transformers' Conv1D: addmm(bias, x.view(-1, in), weight) with weight (in, out)
     in_features, out_features = int(module.weight.shape[0]), int(module.weight.shape[1])
-    return 2 * math.prod(x.shape[:-1]) * in_features * out_features
+    return 2 * math.prod(x[:-1]) * in_features * out_features
 
 
 def _conv(transposed: bool) -> Formula:
-    def formula(module: nn.Module, x: torch.Tensor, out: Any) -> int:
-        return int(conv_flop_count(list(x.shape), list(module.weight.shape), list(out.shape), transposed=transposed))
+    def formula(module: nn.Module, x: torch.Size, out: Optional[torch.Size]) -> int:
+        return int(conv_flop_count(list(x), list(module.weight.shape), list(out), transposed=transposed))
 
     return formula
 
@@ -185,6 +185,45 @@ def closed_form(module: nn.Module, args: tuple, kwargs: dict) -> Optional[Formul
     if formula is not _zero and formula is not _linear and formula is not _hf_conv1d and first.dim() != weight.dim():
         return None  # an unbatched convolution: counted op by op, as it always was
     return formula
+
+
+#: Tensor methods, torch functions and torch.nn.functional functions that dispatch only aten ops
+#: of 0 FLOPs and none without a formula (views, copies, elementwise arithmetic, comparisons,
+#: reductions, concatenation, factories), for plain tensors. Between layers the flow mode takes the
+#: FLOP mode off the dispatch stack around them (:func:`neurarch_trace.trace.provenance`'s
+#: ``FlowMode``); every other call keeps it. ``tests/test_closed_form.py`` runs each one under the
+#: FLOP mode and checks that it counts nothing. Never here: matrix products, convolutions,
+#: attention, interpolation, anything a formula of :mod:`neurarch_trace.flops` may count.
+_ZERO_TENSOR_METHODS = (
+    "view", "view_as", "reshape", "reshape_as", "transpose", "permute", "contiguous", "split", "chunk",
+    "unbind", "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten", "narrow", "select", "t",
+    "__getitem__", "__setitem__", "to", "float", "half", "bfloat16", "long", "int", "bool", "type_as", "clone",
+    "detach", "repeat", "repeat_interleave", "masked_fill", "masked_fill_", "add", "add_", "sub", "sub_", "mul",
+    "mul_", "div", "div_", "neg", "pow", "sqrt", "rsqrt", "exp", "log", "abs", "tanh", "sigmoid", "relu",
+    "softmax", "log_softmax", "clamp", "mean", "sum", "amax", "argmax", "cumsum", "eq", "ne", "lt", "gt", "le",
+    "ge", "all", "any", "flip", "roll", "tril", "triu", "__rsub__", "__rtruediv__", "__neg__", "__pow__",
+    "__eq__", "__and__", "__or__", "__invert__", "__bool__", "item", "size", "dim",
+)
+_ZERO_TORCH_FUNCTIONS = (
+    "cat", "concat", "stack", "arange", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "empty",
+    "empty_like", "where", "tril", "triu", "cumsum", "diff", "tanh", "exp", "sigmoid", "masked_fill", "flatten",
+    "reshape", "transpose", "permute", "unsqueeze", "squeeze", "split", "chunk",
+)
+_ZERO_FUNCTIONAL = ("dropout", "softmax", "log_softmax", "gelu", "silu", "relu", "pad", "layer_norm", "embedding")
+ZERO_FLOP_FUNCTIONS: frozenset = frozenset(
+    [getattr(torch.Tensor, name) for name in _ZERO_TENSOR_METHODS if hasattr(torch.Tensor, name)]
+    + [getattr(torch, name) for name in _ZERO_TORCH_FUNCTIONS if hasattr(torch, name)]
+    + [getattr(torch.nn.functional, name) for name in _ZERO_FUNCTIONAL if hasattr(torch.nn.functional, name)]
+)
+
+
+def plain_types(types: tuple) -> bool:
+    """``types`` of a ``__torch_function__`` call name no tensor subclass (which could dispatch
+    anything)."""
+    for cls in types:
+        if cls is not torch.Tensor and cls is not nn.Parameter:
+            return False
+    return True
 
 
 _state = {"enabled": True}

@@ -26,7 +26,7 @@ from neurarch_trace.flops import FlopMode
 from neurarch_trace.mapping import count_params, is_passthrough, is_whole_layer
 from neurarch_trace.text import plural
 from neurarch_trace.trace.batch import BatchSize, raw_shape
-from neurarch_trace.trace.closed_form import Formula, closed_form
+from neurarch_trace.trace.closed_form import ZERO_FLOP_FUNCTIONS, Formula, closed_form
 from neurarch_trace.trace.closed_form import enabled as fast_paths_enabled
 from neurarch_trace.trace.kinds import LayerKinds, apply_node_formula
 from neurarch_trace.trace.merges import MERGES, merge_operands, merge_record
@@ -82,9 +82,15 @@ class Recorder:
         self.fast = fast_paths_enabled() and not (_global_hooks._global_forward_hooks
                                                   or _global_hooks._global_forward_pre_hooks)
         self._closed: Optional[Formula] = None  # the running layer's closed form, if it has one
+        # torch functions the FLOP mode steps aside for between layers (none on the reference path)
+        self.zero_flop_functions = ZERO_FLOP_FUNCTIONS if self.fast else frozenset()
         self._grad_modes: List[bool] = []  # grad modes to put back after grad-sensitive modules
         self._sensitive_types: Dict[type, bool] = {}
         self._sink: Optional[LayerCall] = None
+        # layer calls and merges to settle after the forward, in call order (see _settle)
+        self._pending: List[tuple] = []
+        self._settled = 0
+        self._closed_flops: Dict[int, tuple] = {}  # record index -> (formula, input shape, output shape)
         self._first_call: Dict[int, LayerCall] = {}
         self._qual_calls: Dict[str, int] = {}
         self._input_count = 0
@@ -109,6 +115,7 @@ class Recorder:
     def finish(self, output: Any) -> Recording:
         """Record the output node (fed by the producers of every tensor in ``output``), give the
         inputs their final names, and return the recording."""
+        self._settle()
         out_record = LayerCall(index=len(self.records), type="output", name="output")
         outs = list(iter_tensors(output))
         if not outs and hasattr(output, "__dict__") and not isinstance(output, nn.Module):
@@ -138,6 +145,7 @@ class Recorder:
 
     def where(self) -> str:
         """How far the forward got, for an error: ``in layer 'fc' (Linear) after 3 layers``."""
+        self._settle()
         layers = len(self.records) - self._input_count
         running = self.stack.running_layer()
         if running is not None:
@@ -226,8 +234,43 @@ class Recorder:
 
     # --- layers -----------------------------------------------------------------------------
     def _new_layer(self, module: nn.Module, qual: str, args: tuple, kwargs: dict) -> LayerCall:
+        """The record of a layer call, with what must be read while the call runs (its inputs'
+        provenance and shapes); :meth:`_settle` does the rest after the forward."""
         record = LayerCall(index=len(self.records), type="customModule", module=module, qualname=qual)
         self.records.append(record)
+        tensors = list(iter_tensors(args))
+        if kwargs:
+            tensors.extend(iter_tensors(kwargs))
+        provs = [self.prov_of(t) for t in tensors]
+        if tensors:
+            record.input_shape = raw_shape(tensors[0], module, 0, is_output=False)
+            self.batch.learn(inner(module), tensors[0], provs[0], self.records)
+        self._pending.append((record, provs))
+        return record
+
+    def _settle(self) -> None:
+        """Everything about the recorded layer calls and merges that need not be read while they
+        run, in call order (names, scopes, shared calls, parameter ownership, types and params,
+        sources, closed-form FLOPs, dtype names). Done after the forward, in one tight loop: a
+        hook runs between a model's kernels, whose data has pushed the recorder's code and data
+        out of the CPU caches, so every line a hook does not run is several times cheaper here."""
+        self.paused = True  # reading a parametrized weight calls modules, whose hooks must do nothing
+        try:
+            for record, provs in self._pending[self._settled:]:
+                if record.module is not None:
+                    self._settle_layer(record)
+                else:  # a merge: named in call order with the layers, same for its sources
+                    record.name = self.names.unique(record.qualname)
+                for prov in provs:
+                    self._take_sources(record, prov)
+                if isinstance(record.output_dtype, torch.dtype):
+                    record.output_dtype = dtype_name(record.output_dtype)
+            self._settled = len(self._pending)
+        finally:
+            self.paused = False
+
+    def _settle_layer(self, record: LayerCall) -> None:
+        module, qual = record.module, record.qualname
         calls = self._qual_calls.get(qual, 0) + 1
         self._qual_calls[qual] = calls
         base = qual or self.root_name
@@ -242,16 +285,10 @@ class Recorder:
         record.packed_params = packed_param_count(module)
         param_count = record.own_params if first is None else count_params(module)
         self.kinds.assign(record, module, param_count + record.packed_params)
-        tensors = list(iter_tensors(args))
-        if kwargs:
-            tensors.extend(iter_tensors(kwargs))
-        for i, t in enumerate(tensors):
-            prov = self.prov_of(t)
-            self._take_sources(record, prov)
-            if i == 0:
-                record.input_shape = raw_shape(t, module, 0, is_output=False)
-                self.batch.learn(inner(module), t, prov, self.records)
-        return record
+        closed = self._closed_flops.pop(record.index, None)
+        if closed is not None:
+            formula, x_shape, out_shape = closed
+            record.flops += formula(module, x_shape, out_shape)
 
     def _take_sources(self, record: LayerCall, prov: frozenset) -> None:
         if not prov:
@@ -273,9 +310,10 @@ class Recorder:
             record.output_bytes += t.numel() * t.element_size()
             self.set_prov(t, key)
         if outs:
-            record.output_dtype = dtype_name(outs[0].dtype)
+            record.output_dtype = outs[0].dtype  # its name in _settle
         if formula is not None:
-            record.flops += formula(module, next(iter_tensors(args)), outs[0] if outs else None)
+            x = next(iter_tensors(args))
+            self._closed_flops[record.index] = (formula, x.shape, outs[0].shape if outs else None)
         else:
             apply_node_formula(record, module, args, outs)
 
@@ -314,9 +352,7 @@ class Recorder:
     def _merge(self, kind: str, operands: list, out: Any) -> LayerCall:
         record = merge_record(len(self.records), kind, self.stack.current_scope(), operands, out)
         self.records.append(record)
-        record.name = self.names.unique(record.qualname)
-        for _, prov in operands:
-            self._take_sources(record, prov)
+        self._pending.append((record, [prov for _, prov in operands]))  # named and sourced in _settle
         return record
 
     def on_flops(self, flops: Optional[int], op: str) -> None:
