@@ -86,6 +86,7 @@ class Recorder:
         self.zero_flop_functions = ZERO_FLOP_FUNCTIONS if self.fast else frozenset()
         self._grad_modes: List[bool] = []  # grad modes to put back after grad-sensitive modules
         self._sensitive_types: Dict[type, bool] = {}
+        self._whole_types: Dict[type, bool] = {}
         self._sink: Optional[LayerCall] = None
         # layer calls and merges to settle after the forward, in call order (see _settle)
         self._pending: List[tuple] = []
@@ -158,7 +159,12 @@ class Recorder:
 
     # --- the hooks --------------------------------------------------------------------------
     def _is_layer(self, module: nn.Module, qual: str) -> bool:
-        if not module._modules or is_whole_layer(module):
+        if not module._modules:
+            return True
+        whole = self._whole_types.get(type(module))
+        if whole is None:  # the mapping's answer depends on the class alone
+            whole = self._whole_types[type(module)] = is_whole_layer(module)
+        if whole:
             return True
         if getattr(type(module), "_neurarch_opaque", False):
             return True
