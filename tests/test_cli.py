@@ -68,6 +68,23 @@ def test_a_trace_imports_no_dynamo_and_no_http_client(tmp_path, device):
 
 
 @pytest.mark.slow
+def test_the_quick_exit_keeps_exit_codes_output_and_atexit_handlers(tmp_path):
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import atexit, pathlib
+        from torch import nn
+        atexit.register(lambda: pathlib.Path("atexit-ran").write_text("yes"))
+        def Net():
+            return nn.Linear(4, 2)
+    """))
+    proc = run_subprocess(["neurarch-trace", "m.py:Net", "--input", "1,4", "-o", "-"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["measured"]["params"] == 10  # the whole graph, flushed
+    assert (tmp_path / "atexit-ran").read_text() == "yes"
+    proc = run_subprocess([sys.executable, "-m", "neurarch_trace", "m.py:Net", "--input", "1,5"], tmp_path)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.slow
 def test_python_dash_m_and_stdout(tmp_path):
     proc = run_subprocess([sys.executable, "-m", "neurarch_trace", GPT + ":TinyGPT", "--input", "1,32:long", "-o", "-"],
                           tmp_path)
