@@ -1,25 +1,37 @@
-"""Benchmark: what tracing costs next to the forward pass it watches, and how it scales.
+"""Benchmark: what tracing costs next to the forward pass it watches, against its peers, from a cold
+start, and how it scales.
 
-Run: ``python bench/bench_trace.py [--repeats 5] [--json bench/results/trace.json] [--cpu-time] [--only NAME]``
+Run: ``python bench/bench_trace.py [--repeats 7] [--json bench/results/trace.json] [--cpu-time]
+[--only NAME] [--cli-repeats 5] [--skip-cli]``
+
+Needs ``torchinfo`` for its column (``pip install -e '.[bench]'``) and ``transformers`` for the
+BERT, GPT-2 and ConvNeXt rows and the LLaMA meta rows; whatever is missing is left out.
 
 ``--cpu-time`` times with this process's CPU time and one torch thread instead of the wall clock:
 on a machine other jobs share, wall-clock medians swing by 2x while CPU time stays within a few
-percent (the ratio is then the tracer's CPU overhead on a single-threaded forward). ``--only``
-keeps the forward-vs-trace models whose label contains NAME (``ResNet-50``, ``GPT-2``) and skips
-the rest.
+percent. ``--only`` keeps the models whose label contains NAME (``ResNet-50``, ``GPT-2``) and skips
+the rest of the benchmark.
 
 Reports, in one run on this machine:
 
-1. For a ResNet-50-like CNN, a ViT-B/16-like model, a BERT-base config and a GPT-2 config: the bare
-   forward time, the trace time without the training-step rehearsal (``training_step=False``) and
-   with it (the default), and their ratios (medians of ``--repeats`` runs each, alternating the
-   three after one warm-up of each). All run the same way: ``eval()`` mode, autograd enabled (the
-   tracer runs the forward so), CPU, batch 1; images 224 px, 128 tokens.
-2. For LLaMA-7B and LLaMA-3-70B configs on the meta device: the trace time (model build included)
-   with and without the rehearsal, and the peak resident memory, each in a fresh subprocess so the
-   peak is its own; and, in a fresh process, the one-time cost of the rehearsal's first meta
-   operations (PyTorch imports its meta kernels, ``torch._refs`` and sympy on first use).
-3. Writing and reading back a graph of 10,000 nodes, and the trace time per layer of deep
+1. In-process, for ResNet-50, ViT-B/16 (the examples), BERT-base and GPT-2 configs (128 tokens) and
+   ConvNeXt-T (transformers' ``ConvNextModel`` with its default, tiny config), 224 px images, batch
+   1, CPU, ``eval()``: the time of every runner of :data:`RUNNERS` and its ratio to the bare
+   no-grad forward: this project's trace alone (what the peers compute) and with the training-step
+   rehearsal the command line adds (what the plan's memory comes from). The runners run in rounds,
+   each round every runner once, in an order rotated by one each round, after one warm-up round;
+   ``gc.collect()`` runs before each timed call, so a collection the previous runner left pending
+   is nobody's. Reported: the median time of each
+   over ``--repeats`` rounds, and its ratio to the bare forward from the round-paired differences
+   (:func:`summarise`).
+2. The command line as a user runs it, whole process (``neurarch-trace
+   examples/models/resnet.py:ResNet50 --input 1,3,224,224``, default device and ``--device cpu``),
+   next to ``python -c "import torch"`` (the floor every torch tool pays) and a torchinfo script
+   doing the same summary; in alternating rounds, medians of wall time and of the child's CPU time.
+3. LLaMA-7B and LLaMA-3-70B configs on the meta device: the trace time (model build included),
+   without and with the training-step rehearsal, and the peak resident memory, each in a fresh
+   subprocess so the peak is its own.
+4. Writing and reading back a graph of 10,000 nodes, and the trace time per layer of deep
    sequential models of 1,000 and 4,000 layers (linear scaling gives a ratio near 1).
 
 Numbers are ratios against a baseline measured in the same process; no target is asserted here.
@@ -28,6 +40,7 @@ Numbers are ratios against a baseline measured in the same process; no target is
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -38,6 +51,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -46,76 +60,224 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "models"))
 
 from neurarch_trace import read_graph, trace_model, write_graph  # noqa: E402
+from neurarch_trace.trace.closed_form import reference_path  # noqa: E402
 
 #: The clock the timings read: the wall clock, or this process's CPU time with ``--cpu-time``.
 CLOCK = time.perf_counter
 
-
-def paired_medians(*fns, repeats: int) -> tuple[float, ...]:
-    """Median times of functions run alternately (A, B, C, A, B, C, ...) after one warm-up each, so
-    that drift in the machine's load hits all alike."""
-    for fn in fns:
-        fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, spent in zip(fns, times):
-            start = CLOCK()
-            fn()
-            spent.append(CLOCK() - start)
-    return tuple(statistics.median(t) for t in times)
+Call = Callable[[], Any]
+Model = Tuple[nn.Module, tuple, dict]
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = CLOCK()
-        fn()
-        times.append(CLOCK() - start)
-    return statistics.median(times)
+# --- the runners: how each tool makes one pass over a model ----------------------------------------
 
 
-def models():
+def bare(model: nn.Module, args: tuple, kwargs: dict) -> Call:
+    """The baseline: the model's own forward without autograd, as inference runs it."""
+
+    def run() -> None:
+        with torch.no_grad():
+            model(*args, **kwargs)
+
+    return run
+
+
+def neurarch(model: nn.Module, args: tuple, kwargs: dict) -> Call:
+    """This project's trace: ``trace_model(..., training_step=False)``, the graph dict built (shapes,
+    parameters, FLOPs, edges), nothing written: what the peers compute."""
+    return lambda: trace_model(model, args, kwargs=kwargs, training_step=False)
+
+
+def neurarch_with_step(model: nn.Module, args: tuple, kwargs: dict) -> Call:
+    """``trace_model`` as the command line runs it: the trace, then one mixed-precision AdamW
+    training step rehearsed on the meta device (what the plan's memory comes from); no peer does
+    this part."""
+    return lambda: trace_model(model, args, kwargs=kwargs)
+
+
+def neurarch_reference(model: nn.Module, args: tuple, kwargs: dict) -> Call:
+    """This project's reference path: every aten call through the FLOP mode, autograd on (the tracer
+    before its fast paths; the graphs are the same)."""
+
+    def run() -> None:
+        with reference_path():
+            trace_model(model, args, kwargs=kwargs, training_step=False)
+
+    return run
+
+
+def torchinfo_summary(model: nn.Module, args: tuple, kwargs: dict) -> Optional[Call]:
+    """torchinfo's ``summary`` (its hooks, a no-grad forward, the statistics; nothing printed)."""
+    try:
+        import torchinfo
+    except ImportError:
+        return None
+    return lambda: torchinfo.summary(model, input_data=list(args), verbose=0, **kwargs)
+
+
+def flop_counter(model: nn.Module, args: tuple, kwargs: dict) -> Call:
+    """PyTorch's own ``FlopCounterMode`` around a no-grad forward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def run() -> None:
+        with torch.no_grad(), FlopCounterMode(display=False):
+            model(*args, **kwargs)
+
+    return run
+
+
+#: ``(column, make(model, args, kwargs) -> call or None)``; the first is the baseline of the ratios.
+RUNNERS: List[Tuple[str, Callable[[nn.Module, tuple, dict], Optional[Call]]]] = [
+    ("bare forward", bare),
+    ("neurarch-trace", neurarch),
+    ("neurarch-trace + training step", neurarch_with_step),
+    ("torchinfo", torchinfo_summary),
+    ("FlopCounterMode", flop_counter),
+    ("neurarch-trace, reference path", neurarch_reference),
+]
+
+
+def models() -> List[Tuple[str, Callable[[], Model]]]:
+    """``(label, build)`` of the in-process models; the transformers ones when it is installed."""
     import resnet
     import vit
 
-    yield "ResNet-50 (1x3x224x224)", resnet.ResNet50(), (torch.randn(1, 3, 224, 224),), {}
-    yield "ViT-B/16 (1x3x224x224)", vit.ViT_B_16(), (torch.randn(1, 3, 224, 224),), {}
+    image = (torch.randn(1, 3, 224, 224),)
+    rows: List[Tuple[str, Callable[[], Model]]] = [
+        ("ResNet-50 (1x3x224x224)", lambda: (resnet.ResNet50(), image, {})),
+        ("ViT-B/16 (1x3x224x224)", lambda: (vit.ViT_B_16(), image, {})),
+    ]
     try:
         import transformers
     except ImportError:
-        return
-    ids = torch.randint(0, 1000, (1, 128))
-    yield "BERT-base config (1x128 tokens)", transformers.BertModel(transformers.BertConfig()), (ids,), {}
-    cfg = transformers.GPT2Config()
-    cfg.use_cache = False
-    yield "GPT-2 config (1x128 tokens)", transformers.GPT2Model(cfg), (ids,), {}
+        return rows
+    ids = (torch.randint(0, 1000, (1, 128)),)
 
+    def gpt2() -> Model:
+        cfg = transformers.GPT2Config()
+        cfg.use_cache = False
+        return transformers.GPT2Model(cfg), ids, {}
 
-def bench_forward_vs_trace(repeats: int, only: str | None = None) -> list[dict]:
-    rows = []
-    for label, model, args, kwargs in models():
-        if only is not None and only not in label:
-            continue
-        model.eval()
-
-        def bare(model=model, args=args, kwargs=kwargs) -> None:
-            with torch.enable_grad():
-                model(*args, **kwargs)
-
-        def traced(model=model, args=args, kwargs=kwargs) -> None:
-            trace_model(model, args, kwargs=kwargs, training_step=False)
-
-        def rehearsed(model=model, args=args, kwargs=kwargs) -> None:
-            trace_model(model, args, kwargs=kwargs)
-
-        forward, trace, full = paired_medians(bare, traced, rehearsed, repeats=repeats)
-        rows.append({"model": label, "forward_s": forward, "trace_s": trace, "ratio": trace / forward,
-                     "trace_with_step_s": full, "step_ratio": full / trace})
-        print(f"{label:34s} forward {forward * 1e3:8.1f} ms  trace {trace * 1e3:8.1f} ms  ratio {trace / forward:5.2f}x"
-              f"  with the step {full * 1e3:8.1f} ms ({full / trace:4.2f}x the trace)", flush=True)
+    rows += [
+        ("GPT-2 config (1x128 tokens)", gpt2),
+        ("BERT-base config (1x128 tokens)", lambda: (transformers.BertModel(transformers.BertConfig()), ids, {})),
+        ("ConvNeXt-T config (1x3x224x224)",
+         lambda: (transformers.ConvNextModel(transformers.ConvNextConfig()), image, {})),
+    ]
     return rows
 
+
+def rounds(calls: Dict[str, Call], repeats: int) -> Dict[str, List[float]]:
+    """The times of each call in ``repeats`` rounds; each round runs every call once, starting one
+    further along each round, after a warm-up round; a ``gc.collect()`` before each call."""
+    names = list(calls)
+    for name in names:
+        calls[name]()
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            gc.collect()
+            start = CLOCK()
+            calls[name]()
+            times[name].append(CLOCK() - start)
+    return times
+
+
+def summarise(times: Dict[str, List[float]], base: str) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Median seconds of each call, and its ratio to ``base``: 1 + the median over rounds of its
+    time minus the base's time in the same round, over the base's median. Pairing by round takes
+    out most of a shared machine's drift, which moves a whole round at once."""
+    seconds = {name: statistics.median(t) for name, t in times.items()}
+    base_times = times[base]
+    ratio = {name: 1 + statistics.median(a - b for a, b in zip(t, base_times)) / seconds[base]
+             for name, t in times.items()}
+    return seconds, ratio
+
+
+def bench_in_process(repeats: int, only: Optional[str] = None) -> List[dict]:
+    rows = []
+    for label, build in models():
+        if only is not None and only not in label:
+            continue
+        torch.manual_seed(0)
+        model, args, kwargs = build()
+        model.eval()
+        calls = {}
+        for column, make in RUNNERS:
+            call = make(model, args, kwargs)
+            if call is not None:
+                calls[column] = call
+        seconds, ratio = summarise(rounds(calls, repeats), RUNNERS[0][0])
+        row = {"model": label, "seconds": seconds, "ratio": ratio}
+        rows.append(row)
+        shown = "  ".join(f"{k} {v * 1e3:.1f} ms ({ratio[k]:.3f}x)" for k, v in seconds.items())
+        print(f"{label:34s} {shown}", flush=True)
+    return rows
+
+
+# --- the command line, cold ---------------------------------------------------------------------
+
+RESNET = str(ROOT / "examples" / "models" / "resnet.py")
+TORCHINFO_SCRIPT = (
+    "import sys; sys.path.insert(0, {models!r}); import torch, torchinfo, resnet; "
+    "torchinfo.summary(resnet.ResNet50(), input_size=(1, 3, 224, 224), verbose=0)"
+)
+
+
+def cli_commands(out_dir: str) -> Dict[str, List[str]]:
+    exe = [sys.executable, "-m", "neurarch_trace"]
+    target = [RESNET + ":ResNet50", "--input", "1,3,224,224"]
+    commands = {
+        "neurarch-trace (default device)": exe + target + ["-o", os.path.join(out_dir, "a.neurarch.json")],
+        "neurarch-trace --device cpu": exe + target + ["--device", "cpu", "-o", os.path.join(out_dir, "b.json")],
+        "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+    }
+    try:
+        import torchinfo  # noqa: F401
+    except ImportError:
+        return commands
+    commands["torchinfo script"] = [sys.executable, "-c",
+                                    TORCHINFO_SCRIPT.format(models=str(ROOT / "examples" / "models"))]
+    return commands
+
+
+#: The children's environment: bytecode caching on, as Python runs by default (a sandbox that sets
+#: PYTHONDONTWRITEBYTECODE would have every child compile this package again).
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def _run_child(command: List[str]) -> Tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one child process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, env=CHILD_ENV)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def bench_cli(repeats: int) -> List[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        commands = cli_commands(tmp)
+        names = list(commands)
+        for name in names:  # warm the file cache (and write this package's bytecode)
+            _run_child(commands[name])
+        walls: Dict[str, List[float]] = {n: [] for n in names}
+        cpus: Dict[str, List[float]] = {n: [] for n in names}
+        for r in range(repeats):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                wall, cpu = _run_child(commands[name])
+                walls[name].append(wall)
+                cpus[name].append(cpu)
+    rows = []
+    for name in names:
+        row = {"command": name, "wall_s": statistics.median(walls[name]), "cpu_s": statistics.median(cpus[name])}
+        rows.append(row)
+        print(f"{name:34s} whole process {row['wall_s']:5.2f} s wall, {row['cpu_s']:5.2f} s CPU", flush=True)
+    return rows
+
+
+# --- big models on the meta device, and scale ------------------------------------------------------
 
 META_SCRIPT = r"""
 import json, sys, time
@@ -124,11 +286,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from neurarch_trace import trace_model
 cfg = LlamaConfig(**json.loads(sys.argv[1]))
-step = sys.argv[2] == "step"
 t0 = time.perf_counter()
 with torch.device("meta"):
     model = LlamaForCausalLM(cfg)
-graph = trace_model(model, torch.randint(0, 1000, (1, 128), device="meta"), training_step=step)
+graph = trace_model(model, torch.randint(0, 1000, (1, 128), device="meta"), training_step=sys.argv[2] == "1")
 t1 = time.perf_counter()
 # VmHWM, not ru_maxrss: a child's ru_maxrss can carry the parent's peak across fork
 hwm_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
@@ -145,46 +306,33 @@ LLAMA = {
 }
 
 
-def bench_meta() -> list[dict]:
+def bench_meta() -> List[dict]:
     rows = []
     try:
         import transformers  # noqa: F401 - the subprocesses need it
     except ImportError:
         return rows
     for label, cfg in LLAMA.items():
-        for step in ("plain", "step"):
-            out = subprocess.run([sys.executable, "-c", META_SCRIPT, json.dumps(cfg), step], capture_output=True,
-                                 text=True, check=True)
-            row = {"model": label, "training_step": step == "step", **json.loads(out.stdout.strip().splitlines()[-1])}
+        for step in (False, True):
+            out = subprocess.run([sys.executable, "-c", META_SCRIPT, json.dumps(cfg), "1" if step else "0"],
+                                 capture_output=True, text=True, check=True)
+            row = {"model": label, "training_step": step, **json.loads(out.stdout.strip().splitlines()[-1])}
             rows.append(row)
-            print(f"{label:34s} {'with the step' if step == 'step' else 'trace only':14s} build+trace "
-                  f"{row['trace_s']:6.2f} s (process {row['total_s']:5.2f} s)  peak RSS {row['peak_rss_gib']:.2f} GiB  "
+            print(f"{label:34s} {'+ step' if step else 'trace '} build+trace {row['trace_s']:6.2f} s "
+                  f"(process {row['total_s']:5.2f} s)  peak RSS {row['peak_rss_gib']:.2f} GiB  "
                   f"params {row['params'] / 1e9:.2f}B", flush=True)
     return rows
 
 
-COLD_SCRIPT = r"""
-import json, sys, time
-sys.path.insert(0, sys.argv[1])
-import torch, resnet
-from neurarch_trace import trace_model
-model, x = resnet.ResNet18(), torch.randn(1, 3, 224, 224)
-t0 = time.perf_counter(); trace_model(model, x, training_step=False); t1 = time.perf_counter()
-trace_model(model, x); t2 = time.perf_counter()
-trace_model(model, x); t3 = time.perf_counter()
-print(json.dumps({"trace_s": t1 - t0, "first_with_step_s": t2 - t1, "second_with_step_s": t3 - t2}))
-"""
-
-
-def bench_cold() -> dict:
-    """In a fresh process: a trace, then the first and the second trace with the step (the first
-    pays PyTorch's one-time import of its meta kernels)."""
-    out = subprocess.run([sys.executable, "-c", COLD_SCRIPT, str(ROOT / "examples" / "models")], capture_output=True,
-                         text=True, check=True)
-    row = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"fresh process, ResNet-18: trace {row['trace_s']:.2f} s; first trace with the step "
-          f"{row['first_with_step_s']:.2f} s, second {row['second_with_step_s']:.2f} s", flush=True)
-    return row
+def median_time(fn: Call, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        start = CLOCK()
+        fn()
+        times.append(CLOCK() - start)
+    return statistics.median(times)
 
 
 def deep(n: int) -> nn.Module:
@@ -196,8 +344,9 @@ def bench_scaling_and_io(repeats: int) -> dict:
     per_layer = {}
     for n in (1000, 4000):
         model = deep(n)
-        per_layer[n] = median_time(lambda model=model: trace_model(model, x), max(1, repeats // 2)) / n
-    graph = trace_model(deep(9998), x)
+        per_layer[n] = median_time(lambda model=model: trace_model(model, x, training_step=False),
+                                   max(1, repeats // 2)) / n
+    graph = trace_model(deep(9998), x, training_step=False)
     assert len(graph["components"]) == 10_000
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "g.neurarch.json")
@@ -219,33 +368,49 @@ def bench_scaling_and_io(repeats: int) -> dict:
     return row
 
 
+def machine() -> str:
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, torch {torch.__version__}, "
+            f"Python {platform.python_version()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--cli-repeats", type=int, default=5)
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with process CPU time and one torch thread (for a shared machine)")
     parser.add_argument("--only", default=None, metavar="NAME",
-                        help="only the forward-vs-trace models whose label contains NAME; skip the rest")
+                        help="only the in-process models whose label contains NAME; skip the rest")
+    parser.add_argument("--skip-cli", action="store_true", help="leave out the command-line cold starts")
     args = parser.parse_args()
     global CLOCK
     if args.cpu_time:
         CLOCK = time.process_time
         torch.set_num_threads(1)
     torch.manual_seed(0)
-    machine = (f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-               f"Python {platform.python_version()}")
-    print(f"machine: {machine}; torch threads {torch.get_num_threads()}")
-    results = {
-        "machine": machine,
+    load = os.getloadavg()
+    print(f"machine: {machine()}; torch threads {torch.get_num_threads()}; load {load[0]:.2f} {load[1]:.2f}")
+    results: Dict[str, Any] = {
+        "machine": machine(),
         "clock": "process CPU time, 1 torch thread" if args.cpu_time else "wall clock",
-        "forward_vs_trace": bench_forward_vs_trace(args.repeats, args.only),
+        "load_at_start": list(load),
+        "in_process": bench_in_process(args.repeats, args.only),
     }
     if args.only is None:
+        if not args.skip_cli:
+            results["cli"] = bench_cli(args.cli_repeats)
         results["meta"] = bench_meta()
-        results["cold"] = bench_cold()
         results["scaling_and_io"] = bench_scaling_and_io(args.repeats)
         results["peak_rss_gib_this_process"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+    results["load_at_end"] = list(os.getloadavg())
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -1,8 +1,6 @@
 """``python -m neurarch_trace`` runs the same command line as ``neurarch-trace``."""
 
-import sys
-
-from neurarch_trace.cli import main
+from neurarch_trace.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

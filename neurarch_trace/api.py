@@ -6,16 +6,24 @@ IPython.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import os
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
+import neurarch_trace.walk as walk
+from neurarch_trace.errors import InputSpecError, TargetError, TraceError
 from neurarch_trace.inputs import InputSpec, make_inputs
-from neurarch_trace.targets import load_target
+from neurarch_trace.targets import OpenedTarget, open_target
+from neurarch_trace.text import error_line
 from neurarch_trace.tracer import dtype_name, trace_model
 
-__all__ = ["trace_target", "describe_inputs"]
+__all__ = ["DEVICES", "trace_target", "trace_module", "describe_inputs"]
+
+#: Where :func:`trace_target` builds and traces a model: ``auto`` chooses (see :func:`_trace_auto`);
+#: ``cpu`` and ``meta`` never fall back.
+DEVICES = ("auto", "cpu", "meta")
 
 
 def describe_inputs(specs: Sequence[InputSpec], default_dtype: torch.dtype) -> str:
@@ -36,34 +44,113 @@ def trace_target(
     default_dtype: torch.dtype = torch.float32,
     name: str | None = None,
     depth: int | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     weights: bool = False,
     hf_class: str = "AutoModel",
     quiet: bool = True,
     progress: Any = None,
+    note: Optional[Callable[[str], None]] = None,
 ) -> tuple[dict, str]:
     """Load ``target``, make seeded random inputs from ``specs`` and trace one forward pass.
 
-    Returns ``(graph, model_name)``. Raises the errors of :func:`load_target`,
+    ``device`` is one of :data:`DEVICES`; ``auto`` (``cpu`` with ``weights``) is
+    :func:`_trace_auto`: the model is first built on the meta device, where it costs nothing, then
+    traced on the CPU when its parameters and buffers take at most :data:`AUTO_META_BYTES`, on the
+    meta device otherwise (parameter counts, shapes and FLOPs are those of a CPU trace, without a
+    byte of weights or activations). A module-level model instance is traced where its tensors are.
+    Every build starts from the random state the import left (seed 0 before the import).
+
+    Returns ``(graph, model_name)``. Raises the errors of :func:`open_target`,
     :func:`make_inputs` and :func:`trace_model` (``TargetError``, ``InputSpecError``,
-    ``TraceError``).
+    ``TraceError``); ``ValueError`` for an unknown ``device``.
     """
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
     if progress is not None:
         progress.step("building the model")
     torch.manual_seed(0)
-    loaded = load_target(target, device=device, weights=weights, hf_class=hf_class, quiet=quiet)
-    graph_name = name or loaded.name
-    graph = trace_module(
-        loaded.model,
-        specs,
-        default_dtype=default_dtype,
-        name=graph_name,
-        depth=depth,
-        device=device,
-        description=f"Traced by neurarch-trace from {target} with {describe_inputs(specs, default_dtype)}.",
-        progress=progress,
-    )
-    return graph, loaded.name
+    opened = open_target(target, weights=weights, hf_class=hf_class, quiet=quiet)
+    rng = torch.get_rng_state()
+    description = f"Traced by neurarch-trace from {target} with {describe_inputs(specs, default_dtype)}."
+    settings = dict(default_dtype=default_dtype, name=name or opened.name, depth=depth,
+                    description=description, progress=progress)
+    if device == "auto" and weights:
+        device = "cpu"
+    if device == "auto":
+        return _trace_auto(opened, specs, rng, settings, note), opened.name
+    return _trace_on(opened, device, specs, rng, settings), opened.name
+
+
+#: ``auto`` traces a model whose parameters and buffers take at most this many bytes (64M float32
+#: parameters) on the CPU: building it there costs less than the meta device's first use (about
+#: 0.7 s: torch's meta kernels import ``torch.fx.experimental.symbolic_shapes``, sympy and
+#: ``torch._dynamo`` with it, on torch 2.13), and the CPU kernels check dtypes that meta kernels let
+#: through. A bigger model is traced on the meta device.
+AUTO_META_BYTES = 256 * 2**20
+
+#: ``auto`` falls back from the meta device to the CPU only when the weights fit in this share of
+#: physical memory.
+CPU_FALLBACK_FRACTION = 0.5
+
+
+def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Tensor, settings: dict,
+                note: Optional[Callable[[str], None]]) -> dict:
+    """``--device auto``. The model is built on the meta device first. A small one
+    (:data:`AUTO_META_BYTES`) is built again on the CPU and traced there; a big one is traced on
+    meta and, when that fails (its forward needs real values: ``.item()``, a data-dependent shape,
+    a copy to the CPU) and its weights fit in memory (:data:`CPU_FALLBACK_FRACTION`), built and
+    traced on the CPU, with one ``note`` saying so. A build that fails on meta (an ``__init__``
+    reading values) is tried on the CPU the same way."""
+    torch.set_rng_state(rng)
+    try:
+        model = opened.build("meta").model
+    except TargetError as exc:
+        why = error_line(exc.__cause__ if exc.__cause__ is not None else exc)
+    else:
+        where = _device_of(model)
+        if where not in (None, "meta"):  # a model instance, built when its module was imported
+            return trace_module(model, specs, device=where, **settings)
+        size = sum(t.numel() * t.element_size() for t in (*walk.parameters(model), *walk.buffers(model)))
+        if size <= AUTO_META_BYTES:
+            del model
+            return _trace_on(opened, "cpu", specs, rng, settings)
+        try:
+            return trace_module(model, specs, device="meta", **settings)
+        except (TraceError, InputSpecError) as exc:
+            memory = _physical_memory()
+            if memory is not None and size > CPU_FALLBACK_FRACTION * memory:
+                raise
+            why = error_line(exc.__cause__ if exc.__cause__ is not None else exc)
+        del model
+    if settings["progress"] is not None:
+        settings["progress"].step("building the model on the CPU")
+    graph = _trace_on(opened, "cpu", specs, rng, settings)
+    if note is not None:
+        note(f"the meta device could not run this model ({why}); built and traced it on the CPU")
+    return graph
+
+
+def _trace_on(opened: OpenedTarget, device: str, specs: Sequence[InputSpec], rng: torch.Tensor,
+              settings: dict) -> dict:
+    torch.set_rng_state(rng)
+    return trace_module(opened.build(device).model, specs, device=device, **settings)
+
+
+def _physical_memory() -> Optional[int]:
+    """Bytes of physical memory, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _device_of(model: nn.Module) -> Optional[str]:
+    """The device type of the model's first parameter (else buffer); None for a model without."""
+    for t in walk.parameters(model):
+        return t.device.type
+    for t in walk.buffers(model):
+        return t.device.type
+    return None
 
 
 def trace_module(

@@ -7,6 +7,7 @@ message says what went wrong and what to do.
     ├── TargetError          the model could not be located, imported or built
     ├── InputSpecError       a malformed ``--input`` / unknown dtype
     ├── TraceError           the forward pass raised (wraps the model's own error)
+    │   └── NeedsValuesError the forward needs real tensor values, which the meta device has not
     └── GraphError           a graph file or dict that breaks the format contract
 
     TraceWarning             (a UserWarning) something the trace noticed that the user should know:
@@ -31,6 +32,11 @@ class InputSpecError(NeurarchError, ValueError):
 
 class TraceError(NeurarchError, RuntimeError):
     """The model's forward pass raised; the original exception is chained as ``__cause__``."""
+
+
+class NeedsValuesError(TraceError):
+    """A forward on the meta device reached an operation that needs real values (``.item()``, a
+    data-dependent shape, a copy to the CPU): ``--device auto`` traces on the CPU instead."""
 
 
 class GraphError(NeurarchError, ValueError):

@@ -243,12 +243,44 @@ class FlopMode(TorchDispatchMode):
     ``flops`` is ``None`` for an operation that could not be counted. With ``scalars`` (a list),
     every tensor value the forward reads into Python (``.item()``, ``bool(t)``: ``aten._local_scalar_dense``)
     is appended to it, in order.
+
+    :meth:`suspend` takes the mode off the dispatch stack (while a layer whose FLOPs have a closed
+    form runs) and :meth:`resume` puts it back; they pair up, and :meth:`restore` puts back
+    whatever an exception left popped.
+
+    ``__torch_dispatch__`` is not wrapped in ``torch._disable_dynamo`` (``_should_skip_dynamo``
+    is False): the wrapper imports ``torch._dynamo`` on the first operation (about a second of a
+    cold start) and adds a call per operation, and the trace never compiles.
     """
 
     def __init__(self, sink: Callable[[int | None, str], None], scalars: list | None = None) -> None:
         super().__init__()
         self._sink = sink
         self._scalars = scalars
+        self._popped: list[bool] = []
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def suspend(self) -> bool:
+        """Pop this mode off the dispatch stack if it is on top; True when it was popped."""
+        depth = torch._C._len_torch_dispatch_stack()
+        popped = depth > 0 and torch._C._get_dispatch_stack_at(depth - 1) is self
+        if popped:
+            torch._C._pop_torch_dispatch_stack(None)
+        self._popped.append(popped)
+        return popped
+
+    def resume(self) -> None:
+        """Push back what the matching :meth:`suspend` popped."""
+        if self._popped and self._popped.pop():
+            torch._C._push_on_torch_dispatch_stack(self)
+
+    def restore(self) -> None:
+        """Push back everything still popped (a forward raised inside a layer)."""
+        while self._popped:
+            self.resume()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
@@ -268,13 +300,13 @@ class FlopMode(TorchDispatchMode):
 
 def flop_kind(op: str) -> str:
     """The kind of work an operation's FLOPs are: ``"convolution"`` (``aten.convolution``,
-    ``aten.conv2d``, ...), ``"attention"`` (the fused attention kernels) or ``"matmul"`` (matrix
-    products, and anything else counted). ``op`` is the name :class:`FlopMode` reports."""
+    ``aten.conv2d``, ...) or ``"matmul"`` (matrix products, attention's included, and anything else
+    counted). ``op`` is the name :class:`FlopMode` reports. Attention has no kind of its own: the
+    CPU runs a fused kernel where the meta device runs its matrix products one by one, and the kinds
+    must not depend on the device."""
     base = op.rsplit(".", 1)[-1]
     if "conv" in base and not any(word in base for word in _NOT_COSTLY):
         return "convolution"
-    if "attention" in base:
-        return "attention"
     return "matmul"
 
 

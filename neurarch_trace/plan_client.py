@@ -33,10 +33,11 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 from urllib.parse import urlsplit
 
-import requests
+if TYPE_CHECKING:  # pragma: no cover
+    import requests
 
 from neurarch_trace._version import __version__
 from neurarch_trace.errors import GraphError, NeurarchError
@@ -395,7 +396,12 @@ def _graph_dict(graph: Any, what: str) -> dict:
 def _post(
     url: str, payload: bytes, headers: dict, *, host: str, timeout: float
 ) -> requests.Response:
-    """The one boundary where ``requests`` exceptions become :class:`PlanError` subclasses."""
+    """The one boundary where ``requests`` exceptions become :class:`PlanError` subclasses.
+
+    ``requests`` is imported here, on the first plan, not with this module: the command line reads
+    these options on every run, and a trace that plans nothing never pays for the HTTP stack."""
+    import requests
+
     try:
         # Not streamed: the whole body is read inside this call, so a stall in it lands here too.
         return requests.post(
@@ -463,6 +469,8 @@ def _connection_reason(exc: BaseException) -> str:
     match = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", str(exc))
     if match:
         return _lower_first(match.group(1).strip())
+    import requests
+
     if isinstance(exc, requests.exceptions.ConnectionError):
         return "the connection failed or was closed before an answer came"
     return _one_line(str(exc)) or type(exc).__name__

@@ -22,7 +22,7 @@ from torch import nn
 from neurarch_trace.errors import TargetError
 from neurarch_trace.text import error_line
 
-__all__ = ["LoadedTarget", "load_target", "resolve_attribute", "HF_DEFAULT_INPUT"]
+__all__ = ["LoadedTarget", "OpenedTarget", "load_target", "open_target", "resolve_attribute", "HF_DEFAULT_INPUT"]
 
 HF_DEFAULT_INPUT = "1,16"
 
@@ -38,7 +38,7 @@ class LoadedTarget:
 
 def load_target(target: str, *, device: str = "cpu", weights: bool = False, hf_class: str = "AutoModel",
                 quiet: bool = True) -> LoadedTarget:
-    """Build the model a target names.
+    """Build the model a target names: :func:`open_target` then :meth:`OpenedTarget.build`.
 
     Args:
         target: ``path/to/file.py:Attr``, ``pkg.module:attr`` or ``hf:<repo id or local folder>``.
@@ -55,9 +55,37 @@ def load_target(target: str, *, device: str = "cpu", weights: bool = False, hf_c
             factory that raises or returns something else than an ``nn.Module``, ``hf:`` without
             transformers, or an ``hf:`` id that cannot be found.
     """
+    return open_target(target, weights=weights, hf_class=hf_class, quiet=quiet).build(device)
+
+
+@dataclasses.dataclass
+class OpenedTarget:
+    """A target whose module is imported (or whose ``hf:`` config is read), ready to build the model
+    once or more, on one device or another (the meta device first, the CPU if the forward needs real
+    values), without importing it again."""
+
+    target: str
+    kind: str  # "file", "module" or "hf"
+    name: str
+    _build: Any
+
+    def build(self, device: str = "cpu") -> LoadedTarget:
+        """The model, built on ``device`` (``cpu`` or ``meta``). An ``nn.Module`` instance the module
+        holds is returned as it is, wherever its tensors are.
+
+        Raises:
+            TargetError: the class, factory or transformers raised, or built no ``nn.Module``.
+        """
+        return LoadedTarget(model=self._build(device), name=self.name, kind=self.kind)
+
+
+def open_target(target: str, *, weights: bool = False, hf_class: str = "AutoModel",
+                quiet: bool = True) -> OpenedTarget:
+    """Import what a target names (its file or module, or an ``hf:`` config) without building the
+    model. Arguments and errors as :func:`load_target`'s."""
     check_target_form(target)
     if target.startswith("hf:"):
-        return _load_hf(target[3:], device=device, weights=weights, hf_class=hf_class, quiet=quiet)
+        return _open_hf(target, weights=weights, hf_class=hf_class, quiet=quiet)
     where, attr = target.rsplit(":", 1)
     if where.endswith(".py") or os.sep in where or "/" in where:
         module = _import_file(where)
@@ -65,9 +93,12 @@ def load_target(target: str, *, device: str = "cpu", weights: bool = False, hf_c
     else:
         module = _import_module(where)
         kind = "module"
-    with _device(device):
-        model = resolve_attribute(module, attr, where=where)
-    return LoadedTarget(model=model, name=attr.rsplit(".", 1)[-1], kind=kind)
+
+    def build(device: str) -> nn.Module:
+        with _device(device):
+            return resolve_attribute(module, attr, where=where)
+
+    return OpenedTarget(target=target, kind=kind, name=attr.rsplit(".", 1)[-1], _build=build)
 
 
 def check_target_form(target: str) -> None:
@@ -256,8 +287,8 @@ def hub_unreachable(timeout: float = HUB_TIMEOUT_S) -> str | None:
     return result[0]
 
 
-def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoModel",
-             quiet: bool = True) -> LoadedTarget:
+def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: bool = True) -> OpenedTarget:
+    ident = target[3:]
     if not ident:
         raise TargetError("hf: needs a repo id or a local folder, e.g. hf:bert-base-uncased or hf:./my-checkpoint")
     try:
@@ -271,8 +302,8 @@ def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoMod
         transformers.logging.disable_progress_bar()
     builder = getattr(transformers, hf_class, None)
     # Auto classes build with from_config; a model class (LlamaForCausalLM) with _from_config
-    build = getattr(builder, "from_config", None) or getattr(builder, "_from_config", None)
-    if build is None:
+    from_config = getattr(builder, "from_config", None) or getattr(builder, "_from_config", None)
+    if from_config is None:
         raise TargetError(
             f"--hf-class {hf_class!r} is not a transformers model class: use AutoModel, AutoModelForCausalLM, "
             "AutoModelForSequenceClassification, ... or a class such as LlamaForCausalLM"
@@ -306,17 +337,18 @@ def _load_hf(ident: str, *, device: str, weights: bool, hf_class: str = "AutoMod
         ) from exc
     except ValueError as exc:
         raise TargetError(f"hf:{ident}: transformers cannot read its config: {error_line(exc)}") from exc
-    try:
-        if weights:
-            model = builder.from_pretrained(ident, config=config, local_files_only=cache_only)
-            if device != "cpu":
-                model = model.to(device)
-        else:
+
+    def build(device: str) -> nn.Module:
+        try:
+            if weights:
+                model = builder.from_pretrained(ident, config=config, local_files_only=cache_only)
+                return model.to(device) if device != "cpu" else model
             with _device(device):
-                model = build(config)
-    except OSError as exc:
-        raise TargetError(f"cannot load the weights of Hugging Face model {ident!r}: {error_line(exc)}") from exc
-    except (ValueError, KeyError, ImportError) as exc:
-        raise TargetError(f"transformers cannot build hf:{ident}: {error_line(exc)}") from exc
+                return from_config(config)
+        except OSError as exc:
+            raise TargetError(f"cannot load the weights of Hugging Face model {ident!r}: {error_line(exc)}") from exc
+        except Exception as exc:  # noqa: BLE001 - a model's own __init__ can raise anything (on meta too)
+            raise TargetError(f"transformers cannot build hf:{ident}: {error_line(exc)}") from exc
+
     name = os.path.basename(os.path.normpath(ident)) if local else ident.rstrip("/").split("/")[-1]
-    return LoadedTarget(model=model, name=name, kind="hf")
+    return OpenedTarget(target=target, kind="hf", name=name, _build=build)

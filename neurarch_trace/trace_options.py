@@ -51,9 +51,12 @@ HF_CLASS_DEFAULT = "AutoModel"
 
 #: ``--device`` choices, each with what it means (the help lists them in this order).
 DEVICES: Dict[str, str] = {
-    "cpu": "the CPU (the default, but for hf: targets built from config.json)",
+    "auto": "the default: built on PyTorch's meta device first; traced on the CPU when its weights take at "
+            "most 256 MiB, else on meta, and on the CPU with a note when the forward needs real values "
+            "(cpu with --weights)",
+    "cpu": "the CPU",
     "meta": "PyTorch's meta device: shapes, parameters and FLOPs without allocating weights or activations "
-            "(the default for hf: targets without --weights)",
+            "(no fallback)",
 }
 
 TARGET = Option(("target",), {
@@ -178,9 +181,9 @@ class TraceChoices:
 
     def build_device(self) -> str:
         """Where a model the front end builds (a target, or a class the magic calls) is built and
-        traced: ``--device`` when given, else meta for an ``hf:`` target without ``--weights``, else
-        the CPU."""
-        return self.device or ("meta" if self.is_hf and not self.weights else "cpu")
+        traced: ``--device`` when given, else ``auto`` (:func:`neurarch_trace.api.trace_target`),
+        or the CPU with ``--weights``."""
+        return self.device or ("cpu" if self.weights else "auto")
 
     def dtype_name(self) -> str:
         """The dtype of shape inputs without a suffix: ``--dtype``, else ``long`` for ``hf:``, else

@@ -45,6 +45,45 @@ def test_readme_first_command(tmp_path):
     )
 
 
+#: Run the command line, then print which of these modules the process imported.
+IMPORTS_PROBE = (
+    "import sys\n"
+    "from neurarch_trace.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    "print(sorted(m for m in ('torch._dynamo', 'sympy', 'requests', 'urllib3', 'transformers', 'IPython',\n"
+    "                         'fastapi', 'uvicorn') if m in sys.modules))\n"
+    "sys.exit(code)\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_a_trace_imports_no_dynamo_and_no_http_client(tmp_path, device):
+    # the issue's command: torch._dynamo alone was a second of it, requests and transformers more
+    args = [RESNET + ":ResNet50", "--input", "1,3,224,224", "--device", device, "-o", "r.json"]
+    proc = run_subprocess([sys.executable, "-c", IMPORTS_PROBE, *args], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "[]\n"
+    assert proc.stderr == "wrote r.json (174 layers, 191 connections)\n"
+
+
+@pytest.mark.slow
+def test_the_quick_exit_keeps_exit_codes_output_and_atexit_handlers(tmp_path):
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import atexit, pathlib
+        from torch import nn
+        atexit.register(lambda: pathlib.Path("atexit-ran").write_text("yes"))
+        def Net():
+            return nn.Linear(4, 2)
+    """))
+    proc = run_subprocess(["neurarch-trace", "m.py:Net", "--input", "1,4", "-o", "-"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["measured"]["params"] == 10  # the whole graph, flushed
+    assert (tmp_path / "atexit-ran").read_text() == "yes"
+    proc = run_subprocess([sys.executable, "-m", "neurarch_trace", "m.py:Net", "--input", "1,5"], tmp_path)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+
+
 @pytest.mark.slow
 def test_python_dash_m_and_stdout(tmp_path):
     proc = run_subprocess([sys.executable, "-m", "neurarch_trace", GPT + ":TinyGPT", "--input", "1,32:long", "-o", "-"],

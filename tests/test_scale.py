@@ -98,7 +98,7 @@ def test_hf_config_only_folder(tmp_path, capfd):
                                    num_attention_heads=8, num_key_value_heads=2, vocab_size=1000)
     cfg.save_pretrained(tmp_path / "cfg-only")
     assert sorted(p.name for p in (tmp_path / "cfg-only").iterdir()) == ["config.json"]
-    code, _, err = cli(["hf:cfg-only", "-o", "g.json"], tmp_path, capfd)
+    code, _, err = cli(["hf:cfg-only", "--device", "meta", "-o", "g.json"], tmp_path, capfd)
     assert code == 0, err
     graph = json.loads((tmp_path / "g.json").read_text())
     assert graph["measured"]["device"] == "meta"
@@ -141,8 +141,23 @@ def test_many_merges_in_one_scope_and_a_wide_concatenation():
     assert cat["outputShape"] == [1500]
 
 
+SLOW_MODEL = """
+import time
+from torch import nn
+
+class Slow(nn.Module):  # longer than the progress line's redraw interval (0.1 s)
+    def forward(self, x):
+        time.sleep(0.3)
+        return x * 2
+
+def Net():
+    return nn.Sequential(nn.Linear(4, 4), Slow(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+"""
+
+
 def test_progress_only_on_a_terminal(tmp_path):
-    script = [sys.executable, "-m", "neurarch_trace", RESNET + ":ResNet18", "--input", "1,3,32,32", "-o", "p.json"]
+    (tmp_path / "slow.py").write_text(SLOW_MODEL)
+    script = [sys.executable, "-m", "neurarch_trace", "slow.py:Net", "--input", "1,4", "-o", "p.json"]
     # stderr is a terminal: progress lines, then the final line
     pid, fd = pty.fork()
     if pid == 0:  # child
@@ -160,13 +175,13 @@ def test_progress_only_on_a_terminal(tmp_path):
     _, status = os.waitpid(pid, 0)
     text = b"".join(chunks).decode()
     assert os.waitstatus_to_exitcode(status) == 0
-    assert "building the model" in text and "traced" in text
+    assert "building the model" in text and "traced 3 layers" in text
     assert "\x1b[Kwrote p.json" in text
-    assert text.rstrip().endswith("wrote p.json (68 layers, 77 connections)")
+    assert text.rstrip().endswith("wrote p.json (5 layers, 6 connections)")
     # not a terminal: nothing but the final line
     proc = subprocess.run(script, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0
-    assert proc.stderr == "wrote p.json (68 layers, 77 connections)\n"
+    assert proc.stderr == "wrote p.json (5 layers, 6 connections)\n"
     assert proc.stdout == ""
 
 

@@ -108,12 +108,19 @@ def test_saved_checkpoint_through_hf_target(tmp_path, capfd):
     model = bert()
     model.save_pretrained(tmp_path / "ckpt")
     capfd.readouterr()
-    code, out, err = _cli(["hf:ckpt", "-o", "cfg.json"], tmp_path, capfd)
+    code, out, err = _cli(["hf:ckpt", "--device", "meta", "-o", "cfg.json"], tmp_path, capfd)
     assert code == 0, err
     assert err.endswith("wrote cfg.json (35 layers, 47 connections)\n")
     from_config = json.loads((tmp_path / "cfg.json").read_text())
     assert_clean(from_config)
     assert from_config["measured"]["device"] == "meta"
+    # the default (--device auto) builds a model this small on the CPU: the same graph
+    code, out, err = _cli(["hf:ckpt", "-o", "auto.json"], tmp_path, capfd)
+    assert code == 0, err
+    auto = json.loads((tmp_path / "auto.json").read_text())
+    assert auto["measured"]["device"] == "cpu"
+    assert auto["components"] == from_config["components"]
+    assert auto["connections"] == from_config["connections"]
     assert from_config["measured"]["inputs"] == [{"name": "input_ids", "shape": [1, 16], "dtype": "int64"}]
     code, out, err = _cli(["hf:ckpt", "--weights", "-o", "weights.json"], tmp_path, capfd)
     assert code == 0, err

@@ -66,10 +66,15 @@ def levels(nodes: Iterable[N], edges: Iterable[Tuple[N, N]]) -> Dict[N, int]:
     deepest producer (a node on or behind a cycle stays at 0)."""
     listed = list(nodes)
     preds: Dict[N, List[N]] = {node: [] for node in listed}
+    position = {node: i for i, node in enumerate(listed)}
+    forward = True  # every edge from an earlier node to a later one: the listed order is topological
     for src, dst in edges:
         preds[dst].append(src)
+        if forward and position[src] >= position[dst]:
+            forward = False
     depth: Dict[N, int] = dict.fromkeys(listed, 0)
-    for node in topological_order(listed, preds).order:
+    # a tracer writes its nodes producers first, so graphlib's pass is needed only for other orders
+    for node in listed if forward else topological_order(listed, preds).order:
         for src in preds[node]:
             if depth[src] + 1 > depth[node]:
                 depth[node] = depth[src] + 1

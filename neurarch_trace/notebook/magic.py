@@ -225,6 +225,7 @@ def _trace_target(text: str, trace: TraceChoices, scope: _Scope) -> tuple:
             text, specs, default_dtype=parse_dtype(trace.dtype_name()), name=trace.name, depth=trace.depth,
             device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose)
         return graph, trace_source(text, list(scope.inputs))
+    device = "cpu" if device == "auto" else device  # notebook data holds real values: a real model
     loaded = load_target(text, device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose)
     return _trace_model(loaded.model, text, trace, scope, name=trace.name or loaded.name, device=device,
                         described=True)
@@ -242,6 +243,8 @@ def _trace_expression(text: str, trace: TraceChoices, scope: _Scope) -> tuple:
         _check_live_device(found, trace.device, text)
         return _trace_model(found, text, trace, scope, name=trace.name, device=None)
     device = trace.build_device()
+    if device == "auto":  # a class or factory of the notebook's: built on the CPU, as the notebook would
+        device = "cpu"
     if device == "cpu":
         model = as_module(found, label=text)
     else:

@@ -62,7 +62,16 @@ class StorageTracker(TorchDispatchMode):
     ``device`` (the device standing in for the GPU) are followed. With a ``cache``
     (:class:`~neurarch_trace.rehearsal.metacache.MetaCache`), repeated meta operations are answered
     from it.
+
+    Like :class:`neurarch_trace.flops.FlopMode`, ``__torch_dispatch__`` is not wrapped in
+    ``torch._disable_dynamo`` (``_should_skip_dynamo`` is False): that wrapper imports
+    ``torch._dynamo`` on the first operation, about a second of a cold start, and the rehearsal never
+    compiles.
     """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
 
     def __init__(self, on_op: Callable[[Any, tuple, dict, Any], None] | None = None, device: str = "meta",
                  cache: MetaCache | None = None, scalars: list | None = None) -> None:

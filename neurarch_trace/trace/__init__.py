@@ -16,8 +16,15 @@ How it works
   different producers becomes an ``add``, ``concatenate`` or ``stack`` node (in-place ``+=`` too).
 * **Statistics.** A ``TorchDispatchMode`` counts each aten operation's FLOPs with
   ``torch.utils.flop_counter``'s formulas (plus :mod:`neurarch_trace.flops`) and charges them to the
-  innermost running layer, or to the functional total when no layer runs. Parameters are owned by
-  the first call that uses them (tied weights and shared modules count once).
+  innermost running layer, or to the functional total when no layer runs. The standard leaf layers
+  (linear, convolutions, norms, activations, pooling, ...) are counted from their shapes with the
+  same formulas instead, with the mode off the stack while they run, and so are torch functions of
+  0 FLOPs between layers (:mod:`.closed_form`); ``closed_form.reference_path()`` turns these fast
+  paths off, and the tests check that both give the same graphs. Parameters are owned by the first
+  call that uses them (tied weights and shared modules count once).
+* **Cost.** The forward runs without autograd. A hook runs between a model's kernels, with cold
+  CPU caches: it reads what must be read while the call runs (provenance, shapes) and leaves the
+  rest (names, ownership, types, closed-form FLOPs) to one pass after the forward.
 
 The parts, one job each::
 
@@ -33,6 +40,7 @@ The parts, one job each::
     axes        how each torch function moves the batch axis
     ownership   which node owns each parameter and buffer; model totals
     kinds       a layer call's type and params; node-level FLOP formulas
+    closed_form leaf layers and torch functions whose FLOPs follow from shapes; the reference path
     modules     wrappers, TorchScript stand-ins, recurrent layers
     tensors     walking and naming the tensors in arguments and outputs
     serialise   a Recording to the graph dict

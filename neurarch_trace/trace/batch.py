@@ -110,10 +110,11 @@ def known_batch_axis(module: Optional[nn.Module], index: int, ndim: int, is_outp
                 return SAMPLE
             return 0 if target.batch_first else 1
         return 1 if ndim == 3 else SAMPLE
+    is_mha = isinstance(target, nn.MultiheadAttention)
+    if not is_mha and not type(target).__name__.startswith("Transformer"):
+        return None  # the common case, without the attribute look-ups below
     batch_first = _transformer_batch_first(target)
-    if isinstance(target, nn.MultiheadAttention) or (
-        batch_first is False and type(target).__name__.startswith("Transformer")
-    ):
+    if is_mha or (batch_first is False and type(target).__name__.startswith("Transformer")):
         if isinstance(target, nn.MultiheadAttention) and is_output and index == 1:
             return 0 if ndim >= 3 else SAMPLE  # attention weights are (N, L, S) in either layout
         if ndim == 3:

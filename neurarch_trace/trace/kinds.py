@@ -37,7 +37,7 @@ class LayerKinds:
     def assign(self, record: LayerCall, module: nn.Module, param_count: int) -> None:
         """Set ``record.type`` and ``record.params`` for a call of ``module``, whose exact
         learnable-parameter count (packed quantized weights included) is ``param_count``."""
-        if getattr(module, "_neurarch_opaque", False):
+        if getattr(type(module), "_neurarch_opaque", False):
             wrapped = module._neurarch_inner
             class_name = getattr(wrapped, "original_name", None) or type(wrapped).__name__
             record.type, record.params = "customModule", {"className": class_name, "paramCount": param_count}

@@ -49,7 +49,8 @@ class Opaque(nn.Module):
 
 def inner(module: nn.Module) -> nn.Module:
     """The module an :class:`Opaque` stands for, or ``module`` itself."""
-    return getattr(module, "_neurarch_inner", module)
+    # the instance dict, not getattr: a miss on an nn.Module raises inside its __getattr__ (slow)
+    return module.__dict__.get("_neurarch_inner", module)
 
 
 @contextlib.contextmanager

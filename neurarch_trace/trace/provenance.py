@@ -18,6 +18,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import neurarch_trace.walk as walk
+from neurarch_trace.trace.closed_form import plain_types
 
 if TYPE_CHECKING:  # pragma: no cover
     from neurarch_trace.trace.recorder import Recorder
@@ -90,8 +91,16 @@ class FlowMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         recorder = self._recorder
+        if func in recorder.zero_flop_functions and plain_types(types):
+            # 0 FLOPs whatever the shapes (closed_form.ZERO_FLOP_FUNCTIONS): no FLOP mode around it
+            recorder.flop_mode.suspend()
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                recorder.flop_mode.resume()
+        else:
+            out = func(*args, **kwargs)
         if recorder.inside_layer or recorder.paused:
             return out
         return recorder.on_function(func, args, kwargs, out)

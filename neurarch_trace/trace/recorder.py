@@ -19,12 +19,15 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Set
 
 import torch
+import torch.nn.modules.module as _global_hooks
 from torch import nn
 
-from neurarch_trace.flops import flop_kind
-from neurarch_trace.mapping import count_params, is_passthrough, is_whole_layer
+from neurarch_trace.flops import FlopMode, flop_kind
+from neurarch_trace.mapping import count_params, is_passthrough, is_whole_layer, layer_spec
 from neurarch_trace.text import plural
 from neurarch_trace.trace.batch import BatchAxes, BatchSize
+from neurarch_trace.trace.closed_form import ZERO_FLOP_FUNCTIONS, Formula, closed_form, formula_kind
+from neurarch_trace.trace.closed_form import enabled as fast_paths_enabled
 from neurarch_trace.trace.kinds import LayerKinds, apply_node_formula
 from neurarch_trace.trace.merges import MERGES, merge_operands, merge_record
 from neurarch_trace.trace.modules import inner
@@ -35,6 +38,11 @@ from neurarch_trace.trace.stack import LAYER, LayerStack, Names
 from neurarch_trace.trace.tensors import dtype_name, iter_tensors, output_tensors, unique_tensors
 
 __all__ = ["Recorder"]
+
+#: Result types of torch calls that hold no tensor (shapes, sizes, dtypes).
+_NO_TENSOR_RESULT = frozenset({int, float, bool, str, torch.Size, torch.dtype, torch.device})
+#: Modules whose forward checks the grad mode (fused inference fast paths).
+_GRAD_SENSITIVE = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 
 
 class Recorder:
@@ -74,7 +82,23 @@ class Recorder:
         self.ownership = Ownership(self.provenance.tensors_by_key)
         self.kinds = LayerKinds(model)
         self.flow = FlowMode(self)
+        self.flop_mode = FlopMode(self.on_flops, self.scalars)
+        # closed-form FLOPs for known leaf layers (see .closed_form); a global forward hook would run
+        # inside every layer, so it turns them off
+        self.fast = fast_paths_enabled() and not (_global_hooks._global_forward_hooks
+                                                  or _global_hooks._global_forward_pre_hooks)
+        self._closed: Optional[Formula] = None  # the running layer's closed form, if it has one
+        # torch functions the FLOP mode steps aside for between layers (none on the reference path)
+        self.zero_flop_functions = ZERO_FLOP_FUNCTIONS if self.fast else frozenset()
+        self._grad_modes: List[bool] = []  # grad modes to put back after grad-sensitive modules
+        self._sensitive_types: Dict[type, bool] = {}
+        self._whole_types: Dict[type, bool] = {}
+        self._rope_types: Dict[type, bool] = {}
         self._sink: Optional[LayerCall] = None
+        # layer calls and merges to settle after the forward, in call order (see _settle)
+        self._pending: List[tuple] = []
+        self._settled = 0
+        self._closed_flops: Dict[int, tuple] = {}  # record index -> (formula, input shape, output shape)
         self._first_call: Dict[int, LayerCall] = {}
         self._qual_calls: Dict[str, int] = {}
         self._input_count = 0
@@ -99,6 +123,7 @@ class Recorder:
     def finish(self, output: Any) -> Recording:
         """Record the output node (fed by the producers of every tensor in ``output``), give the
         inputs their final names, and return the recording."""
+        self._settle()
         out_record = LayerCall(index=len(self.records), type="output", name="output")
         outs = output_tensors(output)
         for t in outs:
@@ -127,6 +152,7 @@ class Recorder:
 
     def where(self) -> str:
         """How far the forward got, for an error: ``in layer 'fc' (Linear) after 3 layers``."""
+        self._settle()
         layers = len(self.records) - self._input_count
         running = self.stack.running_layer()
         if running is not None:
@@ -140,6 +166,7 @@ class Recorder:
     def running(self) -> str:
         """The layer or scope running now, for a warning: ``in layer 'fc' (Linear)``, ``in
         'encoder'``, or ``""`` at the top level."""
+        self._settle()  # the running layer's name
         layer = self.stack.running_layer()
         if layer is not None:
             cls = type(layer.module).__name__ if layer.module is not None else layer.type
@@ -149,9 +176,14 @@ class Recorder:
 
     # --- the hooks --------------------------------------------------------------------------
     def _is_layer(self, module: nn.Module, qual: str) -> bool:
-        if is_whole_layer(module) or not module._modules:
+        if not module._modules:
             return True
-        if getattr(module, "_neurarch_opaque", False):
+        whole = self._whole_types.get(type(module))
+        if whole is None:  # the mapping's answer depends on the class alone
+            whole = self._whole_types[type(module)] = is_whole_layer(module)
+        if whole:
+            return True
+        if getattr(type(module), "_neurarch_opaque", False):
             return True
         if self.depth is not None:
             level = 0 if qual == "" else qual.count(".") + 1
@@ -159,7 +191,14 @@ class Recorder:
         return False
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Forward pre-hook (``with_kwargs=True``) of every module."""
+        """Forward pre-hook (``with_kwargs=True``) of every module.
+
+        A layer's bookkeeping runs with the flow mode and the FLOP mode off their stacks; the FLOP
+        mode goes back for the layer's forward unless the layer's FLOPs have a closed form
+        (:mod:`.closed_form`), which :meth:`post_hook` charges instead."""
+        if self._grad_sensitive(module):
+            self._grad_modes.append(torch.is_grad_enabled())
+            torch._C._set_grad_enabled(True)
         if self.inside_layer or self.paused:  # inside a layer, or the recorder reading a parametrized weight
             self.stack.push_skip()
             return
@@ -170,6 +209,8 @@ class Recorder:
         if not self._is_layer(module, qual):
             self.stack.push_scope(qual, module)
             return
+        self.flow.suspend()
+        popped = self.flop_mode.suspend()
         self.paused = True
         try:
             record = self._new_layer(module, qual, args, kwargs)
@@ -178,26 +219,93 @@ class Recorder:
         self.stack.push_layer(record)
         self.inside_layer += 1
         self._sink = record
-        self.flow.suspend()
+        # a closed form only when the FLOP mode really is off the stack (no other mode above it)
+        formula = closed_form(module, args, kwargs) if self.fast and popped else None
+        self._closed = formula
+        if formula is None:
+            self.flop_mode.resume()
 
     def post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         """Forward hook (``with_kwargs=True``) of every module."""
         kind, record = self.stack.pop()
-        if kind is not LAYER:
-            return
-        self.flow.resume()
-        self.inside_layer -= 1
-        self._sink = None
-        self.paused = True
-        try:
-            self._finish_layer(record, module, args, kwargs, output)
-        finally:
-            self.paused = False
+        if kind is LAYER:
+            self.inside_layer -= 1
+            self._sink = None
+            formula = self._closed
+            self._closed = None
+            if formula is None:
+                self.flop_mode.suspend()
+            self.paused = True
+            try:
+                self._finish_layer(record, module, args, kwargs, output, formula)
+            finally:
+                self.paused = False
+            self.flop_mode.resume()
+            self.flow.resume()
+        if self._grad_modes and self._grad_sensitive(module):
+            torch._C._set_grad_enabled(self._grad_modes.pop())
+
+    def _axes_kind(self, module: nn.Module, ins: list) -> str:
+        """The layer's type as far as the batch axes need it before :meth:`_settle` types it:
+        ``rope`` (whose outputs follow its second input, the position ids), else ``customModule``."""
+        if len(ins) < 2 or module._modules:
+            return "customModule"
+        cls = type(module)
+        rope = self._rope_types.get(cls)
+        if rope is None:
+            rope = self._rope_types[cls] = layer_spec(inner(module), param_count=0)[0] == "rope"
+        return "rope" if rope else "customModule"
+
+    def _grad_sensitive(self, module: nn.Module) -> bool:
+        """nn.MultiheadAttention and nn.TransformerEncoder(Layer) take a fused fast path when
+        autograd is off: on the fast path (a forward under ``no_grad``) they run with autograd on,
+        as on the reference path, unless the model itself runs them under ``inference_mode``."""
+        cls = type(module)
+        sensitive = self._sensitive_types.get(cls)
+        if sensitive is None:
+            sensitive = self._sensitive_types[cls] = self.fast and issubclass(cls, _GRAD_SENSITIVE)
+        return sensitive and not torch.is_inference_mode_enabled()
 
     # --- layers -----------------------------------------------------------------------------
     def _new_layer(self, module: nn.Module, qual: str, args: tuple, kwargs: dict) -> LayerCall:
+        """The record of a layer call, with what must be read while the call runs (its inputs'
+        provenance and shapes); :meth:`_settle` does the rest after the forward."""
         record = LayerCall(index=len(self.records), type="customModule", module=module, qualname=qual)
         self.records.append(record)
+        tensors = list(iter_tensors(args))
+        if kwargs:
+            tensors.extend(iter_tensors(kwargs))
+        provs = [self.prov_of(t) for t in tensors]
+        if tensors:
+            if self.batch.learn(inner(module), tensors[0], provs[0], self.records):
+                self.axes.relearn(tensors[0], 1)
+            record.input_shape = self.axes.layer_input(module, tensors[0])
+        self._pending.append((record, provs))
+        return record
+
+    def _settle(self) -> None:
+        """Everything about the recorded layer calls and merges that need not be read while they
+        run, in call order (names, scopes, shared calls, parameter ownership, types and params,
+        sources, closed-form FLOPs, dtype names). Done after the forward, in one tight loop: a
+        hook runs between a model's kernels, whose data has pushed the recorder's code and data
+        out of the CPU caches, so every line a hook does not run is several times cheaper here."""
+        self.paused = True  # reading a parametrized weight calls modules, whose hooks must do nothing
+        try:
+            for record, provs in self._pending[self._settled:]:
+                if record.module is not None:
+                    self._settle_layer(record)
+                else:  # a merge: named in call order with the layers, same for its sources
+                    record.name = self.names.unique(record.qualname)
+                for prov in provs:
+                    self._take_sources(record, prov)
+                if isinstance(record.output_dtype, torch.dtype):
+                    record.output_dtype = dtype_name(record.output_dtype)
+            self._settled = len(self._pending)
+        finally:
+            self.paused = False
+
+    def _settle_layer(self, record: LayerCall) -> None:
+        module, qual = record.module, record.qualname
         calls = self._qual_calls.get(qual, 0) + 1
         self._qual_calls[qual] = calls
         base = qual or self.root_name
@@ -212,39 +320,52 @@ class Recorder:
         record.packed_params = packed_param_count(module)
         param_count = record.own_params if first is None else count_params(module)
         self.kinds.assign(record, module, param_count + record.packed_params)
-        for i, t in enumerate(list(iter_tensors(args)) + list(iter_tensors(kwargs))):
-            prov = self.prov_of(t)
-            self._take_sources(record, prov)
-            if i == 0:
-                if self.batch.learn(inner(module), t, prov, self.records):
-                    self.axes.relearn(t, 1)
-                record.input_shape = self.axes.layer_input(module, t)
-        return record
+        closed = self._closed_flops.pop(record.index, None)
+        if closed is not None:
+            formula, x_shape, out_shape = closed
+            flops = formula(module, x_shape, out_shape)
+            if flops:
+                record.flops += flops
+                kind = formula_kind(formula)
+                self.flops_by_kind[kind] = self.flops_by_kind.get(kind, 0) + flops
 
     def _take_sources(self, record: LayerCall, prov: frozenset) -> None:
         if not prov:
             return
-        for key in prov:
-            if isinstance(key, str):
-                self.ownership.claim_key(record, key)
+        names = [key for key in prov if isinstance(key, str)]
+        if not names:  # the common case: only records
+            record.add_sources(prov)
+            return
+        for key in names:
+            self.ownership.claim_key(record, key)
         record.add_sources(frozenset(k for k in prov if isinstance(k, int)))
 
-    def _finish_layer(self, record: LayerCall, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _finish_layer(self, record: LayerCall, module: nn.Module, args: tuple, kwargs: dict, output: Any,
+                      formula: Optional[Formula]) -> None:
         outs = unique_tensors(output)
         key = frozenset((record.index,))
         ins = list(iter_tensors(args)) + list(iter_tensors(kwargs))
-        record.output_shapes = self.axes.layer_outputs(module, record.type, ins, outs)
+        record.output_shapes = self.axes.layer_outputs(module, self._axes_kind(module, ins), ins, outs)
         for t in outs:
             record.output_bytes += t.numel() * t.element_size()
             self.set_prov(t, key)
         if outs:
-            record.output_dtype = dtype_name(outs[0].dtype)
-        apply_node_formula(record, module, args, outs)
+            record.output_dtype = outs[0].dtype  # its name in _settle
+        if formula is not None:
+            x = next(iter_tensors(args))
+            self._closed_flops[record.index] = (formula, x.shape, outs[0].shape if outs else None)
+        else:
+            before = record.flops
+            apply_node_formula(record, module, args, outs)
+            if record.flops != before:  # a node formula (recurrent layers, packed linears): matrix products
+                self.flops_by_kind["matmul"] = self.flops_by_kind.get("matmul", 0) + record.flops - before
 
     # --- functional code between layers, and FLOPs ------------------------------------------
     def on_function(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> Any:
         """A torch function ran between layers: give its results the union of its operands'
         provenance, or make it a merge node."""
+        if type(out) in _NO_TENSOR_RESULT and "out" not in kwargs:
+            return out  # x.shape, x.size(-1), x.dim(), x.dtype: nothing to carry provenance to
         ins = list(iter_tensors(args))
         if kwargs:
             ins.extend(iter_tensors({k: v for k, v in kwargs.items() if k != "out"}))
@@ -254,7 +375,7 @@ class Recorder:
             return out
         prov_of = self.prov_of
         provs = [prov_of(t) for t in ins]
-        union = EMPTY.union(*provs)
+        union = provs[0] if len(provs) == 1 else EMPTY.union(*provs)
         outputs = list(iter_tensors(out))
         if "out" in kwargs:
             outputs.extend(iter_tensors(kwargs["out"]))
@@ -280,9 +401,7 @@ class Recorder:
     def _merge(self, kind: str, operands: list, out: Any) -> LayerCall:
         record = merge_record(len(self.records), kind, self.stack.current_scope(), operands, out, self.axes)
         self.records.append(record)
-        record.name = self.names.unique(record.qualname)
-        for _, prov in operands:
-            self._take_sources(record, prov)
+        self._pending.append((record, [prov for _, prov in operands]))  # named and sourced in _settle
         return record
 
     def on_flops(self, flops: Optional[int], op: str) -> None:

@@ -81,6 +81,10 @@ class LayerCall:
 
     def add_sources(self, keys: frozenset) -> None:
         """Add the record indices in ``keys`` to :attr:`sources`, in :func:`key_order`."""
+        if len(keys) == 1:
+            for key in keys:
+                self.sources.setdefault(key, None)
+            return
         for key in sorted(keys, key=key_order):
             self.sources.setdefault(key, None)
 
@@ -94,7 +98,7 @@ class Recording:
     dim, or the batch a sequence-first layer revealed). ``functional_flops``: FLOPs of work outside
     every layer; ``functional_uncounted``: op names without a formula there. ``flops_by_kind``:
     every counted FLOP of the pass, inside layers or not, by the kind of operation
-    (:func:`neurarch_trace.flops.flop_kind`: ``convolution``, ``attention``, ``matmul``), whatever
+    (:func:`neurarch_trace.flops.flop_kind`: ``convolution``, ``matmul``), whatever
     the depth. ``scalars``: the tensor values the forward read into Python (``.item()``,
     ``bool(t)``), in order, for the training-step rehearsal to answer the same questions.
     """

@@ -1,25 +1,28 @@
 """``trace_model``: check the arguments, run one forward pass under the recorder, build the graph.
 
 This module only orchestrates: the recorder (:mod:`.recorder`) records, the serialiser
-(:mod:`.serialise`) writes the graph. The forward runs once, in ``eval()`` mode with autograd
-enabled, with PyTorch's fused attention fast paths off; the model's training flags are restored,
-every hook removed, and the parameters, buffers and attributes the forward changed put back
-(:mod:`.guard`), in ``finally`` blocks.
+(:mod:`.serialise`) writes the graph. The forward runs once, in ``eval()`` mode, without autograd
+(no graph kept, activations freed as they go; :mod:`.closed_form` says what the fast paths are and
+``reference_path()`` turns them off), again with autograd when the forward itself differentiates,
+with PyTorch's fused attention fast paths off; the model's training flags are restored, every hook
+removed, and the parameters, buffers and attributes the forward changed put back (:mod:`.guard`), in
+``finally`` blocks. Then one training step is rehearsed on the meta device (:mod:`neurarch_trace.rehearsal`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import warnings
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 import neurarch_trace.walk as walk
-from neurarch_trace.errors import TraceError
-from neurarch_trace.flops import FlopMode
+from neurarch_trace.errors import NeedsValuesError, TraceError
 from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.text import error_line
 from neurarch_trace.trace.batch import sample_inputs
@@ -60,9 +63,14 @@ def _input_names(model: nn.Module, n_args: int) -> List[str]:
 
 
 def _install_hooks(model: nn.Module, recorder: Recorder, progress: Optional[Callable[[int], None]],
-                   handles: list) -> None:
-    """A pre-hook and a post-hook on every Python module (TorchScript ones refuse hooks); with
-    ``progress``, the pre-hook also reports the layer calls recorded so far."""
+                   hooked: list) -> int:
+    """A pre-hook and a post-hook (``with_kwargs``) on every Python module (TorchScript ones refuse
+    hooks), appended to ``hooked``; with ``progress``, the pre-hook also reports the layer calls
+    recorded so far. Returns the hooks' key for :func:`_remove_hooks`.
+
+    The hooks go straight into the modules' hook dicts under one key, as ``register_forward_hook``
+    puts them (last, flagged ``with_kwargs``), without a ``RemovableHandle`` each: for a model of a
+    few hundred modules that is half a millisecond, a good part of the trace's fixed cost."""
     pre: Callable[..., None] = recorder.pre_hook
     if progress is not None:
         first = len(recorder.records)
@@ -74,10 +82,26 @@ def _install_hooks(model: nn.Module, recorder: Recorder, progress: Optional[Call
                 seen[0] = len(recorder.records)
                 progress(seen[0] - first)
 
+    key = RemovableHandle.next_id
+    RemovableHandle.next_id += 1
+    post = recorder.post_hook
     for module in walk.modules(model):
         if isinstance(module, torch.jit.ScriptModule):
             continue
-        handles.extend(walk.register_hooks(module, pre, recorder.post_hook))
+        module._forward_pre_hooks[key] = pre
+        module._forward_pre_hooks_with_kwargs[key] = True
+        module._forward_hooks[key] = post
+        module._forward_hooks_with_kwargs[key] = True
+        hooked.append(module)
+    return key
+
+
+def _remove_hooks(hooked: list, key: int) -> None:
+    for module in hooked:
+        module._forward_pre_hooks.pop(key, None)
+        module._forward_pre_hooks_with_kwargs.pop(key, None)
+        module._forward_hooks.pop(key, None)
+        module._forward_hooks_with_kwargs.pop(key, None)
 
 
 def _on_meta(model: nn.Module, args: tuple, kwargs: dict) -> bool:
@@ -90,11 +114,18 @@ def _needs_values(exc: BaseException) -> bool:
     return "meta" in text or "data-dependent" in text or "item()" in text
 
 
+def _needs_autograd(exc: Optional[BaseException]) -> bool:
+    """The forward failed for want of autograd (it calls torch.autograd.grad or backward)."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("does not require grad" in text or "grad_fn" in text
+                                               or "differentiated Tensors" in text)
+
+
 def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
                  tensors: List[Tuple[str, torch.Tensor]]) -> TraceError:
     where = recorder.where()
     if _on_meta(model, args, kwargs) and _needs_values(exc):
-        return TraceError(
+        return NeedsValuesError(
             f"the forward pass needs real tensor values, which the meta device does not have, {where} "
             f"({error_line(exc)}): trace on the CPU instead (--device cpu)"
         )
@@ -106,20 +137,25 @@ def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tup
 
 
 def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
-             tensors: List[Tuple[str, torch.Tensor]], progress: Optional[Callable[[int], None]]) -> Any:
+             tensors: List[Tuple[str, torch.Tensor]], progress: Optional[Callable[[int], None]],
+             with_grad: bool = False) -> Any:
     """Run the forward once under the hooks, the FLOP mode and the flow mode; put everything back."""
-    training = {m: m.training for m in walk.modules(model)}
-    handles: list = []
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # the trace makes many small objects; full collections would cost more than the trace
+    training = [(m, m.training) for m in walk.modules(model)]  # the flags to put back
+    hooked: list = []
+    key = -1
     try:
-        _install_hooks(model, recorder, progress, handles)
-        walk.set_training(model, False)
-        with torch.enable_grad(), FlopMode(recorder.on_flops, recorder.scalars), recorder.flow:
+        key = _install_hooks(model, recorder, progress, hooked)
+        if any(flag for _, flag in training):
+            walk.set_training(model, False)
+        # the fast path runs the forward without autograd (no graph, activations freed as they go);
+        # the reference path and a forward that needs autograd (torch.autograd.grad) run with it
+        grad = torch.no_grad() if recorder.fast and not with_grad else torch.enable_grad()
+        with grad, recorder.flop_mode, recorder.flow:
             try:
                 return model(*args, **kwargs)
             finally:
-                recorder.flow.restore()  # a forward that raised inside a layer left the mode popped
+                recorder.flow.restore()  # a forward that raised inside a layer left the modes popped
+                recorder.flop_mode.restore()
     except Exception as exc:
         raise _trace_error(exc, recorder, model, args, kwargs, tensors) from exc
     except SystemExit as exc:  # sys.exit() in a forward: no traceback, and no silent exit either
@@ -128,12 +164,10 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
             "outputs; trace a model whose forward does not exit"
         ) from exc
     finally:
-        if gc_was_enabled:
-            gc.enable()
-        for handle in handles:
-            handle.remove()
-        for module, flag in training.items():
-            module.training = flag
+        _remove_hooks(hooked, key)
+        for module, flag in training:
+            if module.training != flag:  # nn.Module.__setattr__ is slow: only what changed
+                module.training = flag
 
 
 def trace_model(
@@ -199,35 +233,72 @@ def trace_model(
         )
     graph_name = name or type(model).__name__
 
-    recording, output = _record(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress)
-    if not output_tensors(output):
-        warn_no_output(model, graph_name)
-    step = (rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
-                                   scalars=recording.scalars) if training_step else None)
-    graph = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name, description=description)
-    full = None
-    if depth is not None:  # the plan sizes the model, not the view: its structure at full depth too
-        with warnings.catch_warnings():  # the same forward again: its warnings were told above
-            warnings.simplefilter("ignore")
-            full_recording, _ = _record(model, args, call_kwargs, named_inputs, tensors, None, graph_name, None)
-        full = build_graph(full_recording, model=model, named_inputs=named_inputs, name=graph_name,
-                           description=description)
-        attach_training(full, full_recording, step, None)
-    attach_training(graph, recording, step, full)
+    with _no_gc():
+        recording, output = _record(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress)
+        if not output_tensors(output):
+            warn_no_output(model, graph_name)
+        step = (rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
+                                       scalars=recording.scalars) if training_step else None)
+        graph = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name,
+                            description=description)
+        full = None if depth is None else _full_depth(model, args, call_kwargs, named_inputs, tensors, graph_name,
+                                                     description, step)
+        attach_training(graph, recording, step, full)
     return graph
+
+
+def _full_depth(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tuple[str, Any]],
+                tensors: List[Tuple[str, torch.Tensor]], graph_name: str, description: Optional[str],
+                step: Optional[dict]) -> dict:
+    """The graph at full depth, with the step: the plan sizes the model, not the view a ``depth``
+    cuts (:func:`~.training.attach_training` keeps its structure)."""
+    with warnings.catch_warnings():  # the same forward again: its warnings were told already
+        warnings.simplefilter("ignore")
+        recording, _ = _record(model, args, kwargs, named_inputs, tensors, None, graph_name, None)
+    full = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name, description=description)
+    attach_training(full, recording, step, None)
+    return full
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The garbage collector off: a trace makes many small objects that live to its end, and
+    collections while it runs would walk them (and everything torch holds) again and again."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tuple[str, Any]],
             tensors: List[Tuple[str, torch.Tensor]], depth: Optional[int], graph_name: str,
             progress: Optional[Callable[[int], None]]) -> Tuple[Recording, Any]:
-    """One forward pass under a recorder cut at ``depth``: the recording and the forward's output.
-    The model comes back as it was (:mod:`.guard`), its fused fast paths off while it runs."""
-    with state_kept(model), fast_paths_off(), opaque_script_modules(model):
-        batch, samples = sample_inputs(named_inputs)
-        recorder = Recorder(model, depth=depth, batch_size=batch if batch is not None else int(tensors[0][1].shape[0]),
-                            root_name=graph_name, samples=frozenset(samples))
+    """One forward pass under a recorder cut at ``depth``: the recording and the forward's output;
+    once more with autograd if the forward needs it (it calls ``torch.autograd.grad``). The model
+    comes back as it was (:mod:`.guard`), its fused fast paths off while it runs."""
+    batch, samples = sample_inputs(named_inputs)
+    batch_size = batch if batch is not None else int(tensors[0][1].shape[0])
+
+    def new_recorder() -> Recorder:
+        recorder = Recorder(model, depth=depth, batch_size=batch_size, root_name=graph_name,
+                            samples=frozenset(samples))
         for input_name, t in tensors:
             recorder.add_input(input_name, t)
-        with model_warnings(recorder.running):
-            output = _forward(recorder, model, args, kwargs, tensors, progress)
-    return recorder.finish(output), output
+        return recorder
+
+    with fast_paths_off(), opaque_script_modules(model):
+        recorder = new_recorder()  # inside: it reads the module tree with the scripted parts wrapped
+        with model_warnings(lambda: recorder.running()):
+            try:
+                with state_kept(model):
+                    output = _forward(recorder, model, args, kwargs, tensors, progress)
+            except TraceError as exc:
+                if not (recorder.fast and _needs_autograd(exc.__cause__)):
+                    raise
+                recorder = new_recorder()  # the forward differentiates (torch.autograd.grad): again, with autograd
+                with state_kept(model):
+                    output = _forward(recorder, model, args, kwargs, tensors, progress, with_grad=True)
+        return recorder.finish(output), output

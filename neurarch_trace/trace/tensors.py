@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Mapping
+from collections.abc import Mapping
+from typing import Any, Iterator
 
 import torch
 
@@ -13,6 +14,8 @@ __all__ = ["dtype_name", "iter_tensors", "named_tensors", "output_tensors", "ten
 
 #: Nesting depth past which containers are not looked into.
 MAX_DEPTH = 8
+#: Types that hold no tensor.
+_ATOMS = frozenset({str, bytes, int, float, bool, complex, type(None), type(Ellipsis), slice})
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -31,7 +34,18 @@ def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj
         return
-    if depth > MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+    cls = type(obj)
+    if cls is tuple or cls is list:  # the common case (hook arguments), before the ABC checks
+        if depth <= MAX_DEPTH:
+            for value in obj:
+                if isinstance(value, torch.Tensor):
+                    yield value
+                elif value is not None and type(value) not in _ATOMS:
+                    yield from iter_tensors(value, depth + 1)
+        return
+    if depth > MAX_DEPTH or obj is None or cls in _ATOMS or isinstance(obj, (str, bytes, int, float, bool)):
+        return
+    if cls is dict and not obj:
         return
     if isinstance(obj, Mapping):
         for value in obj.values():

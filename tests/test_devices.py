@@ -1,0 +1,204 @@
+"""The meta device against the CPU, and ``--device auto``.
+
+A model built on the meta device has no values: a trace there must give the CPU's graph all the
+same (parameters, shapes, FLOPs, edges), for every fixture, example and architecture of the sweep;
+the models whose forward needs real values are named here. ``--device auto`` (the default) builds on
+meta first, traces small models on the CPU and big ones on meta, and falls back to the CPU with one
+note when meta cannot run the model.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import warnings
+
+import pytest
+import torch
+from helpers import run_cli as cli
+from test_closed_form import ARCHITECTURES, FIXTURES
+from torch import nn
+
+from neurarch_trace import api, trace_model
+from neurarch_trace.errors import TraceError
+
+
+def to_meta(value):
+    if isinstance(value, torch.Tensor):
+        return value.to("meta")
+    if isinstance(value, dict):
+        return {k: to_meta(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_meta(v) for v in value)
+    return value
+
+
+def without_device(graph: dict) -> dict:
+    measured = {k: v for k, v in graph["measured"].items() if k != "device"}
+    if graph["id"] == "withscripted":
+        # TorchScript's profiling executor runs other graphs on a module's first calls, so its
+        # rehearsed step's bytes depend on how often it was called before, not on the device
+        measured.pop("training", None)
+    return {**graph, "measured": measured}
+
+
+why = [""]
+
+
+def meta_against_cpu(make_model, make_inputs) -> bool:
+    """Trace on the CPU and on meta and assert the graphs are the same; False when the meta trace
+    needs real values (it must then say so)."""
+    torch.manual_seed(0)
+    inputs = make_inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cpu = trace_model(make_model(), inputs)
+        with torch.device("meta"):
+            model = make_model()
+        try:
+            meta = trace_model(model, to_meta(inputs))
+        except TraceError as exc:
+            why[0] = str(exc)
+            return False
+    assert meta["measured"]["device"] == "meta" and cpu["measured"]["device"] == "cpu"
+    assert [c["measured"].get("flops") for c in meta["components"]] == \
+        [c["measured"].get("flops") for c in cpu["components"]]
+    assert without_device(meta) == without_device(cpu)
+    return True
+
+
+#: Fixtures whose forward meta cannot run (none: TorchScript submodules and LSTMs run there too).
+FIXTURES_NEEDING_VALUES: set = set()
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_fixtures_on_meta_are_the_cpu_graphs(name):
+    ran = meta_against_cpu(*FIXTURES[name])
+    assert ran == (name not in FIXTURES_NEEDING_VALUES), why[0]
+
+
+#: Architectures of the sweep that meta cannot run: BART's decoder asks whether its padding mask is
+#: all ones (transformers' ``sdpa_mask``, a ``.item()``), and
+#: Mixtral's experts call ``torch._grouped_mm``, whose meta kernel takes bfloat16 only (the CPU
+#: kernel takes float32). ``--device auto`` traces them on the CPU.
+ARCHITECTURES_NEEDING_VALUES = {"bart": "needs real tensor values", "mixtral": "Expected inputs of BF16 type"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_transformers_sweep_on_meta_is_the_cpu_graphs(arch):
+    transformers = pytest.importorskip("transformers")
+    make_config, make_inputs = ARCHITECTURES[arch]
+    config = make_config()
+    ran = meta_against_cpu(lambda: transformers.AutoModel.from_config(config), make_inputs)
+    assert ran == (arch not in ARCHITECTURES_NEEDING_VALUES), why[0]
+    if not ran:
+        assert ARCHITECTURES_NEEDING_VALUES[arch] in why[0]
+
+
+# --- --device auto ----------------------------------------------------------------------------
+
+MODELS = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.fc = nn.Linear(8, 4)
+        def forward(self, x):
+            return self.fc(self.conv(x).mean((2, 3)))
+
+    class Dyn(nn.Module):  # a data-dependent shape: meta cannot run it
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+        def forward(self, x):
+            y = self.fc(x)
+            return y[y > 0]
+
+    class InitReads(nn.Module):  # __init__ reads a value: meta cannot build it
+        def __init__(self):
+            super().__init__()
+            rates = torch.linspace(0, 0.1, 3)
+            self.blocks = nn.ModuleList(nn.Dropout(float(r)) for r in rates)
+            self.fc = nn.Linear(4, 4)
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.fc(x)
+
+    built = Net()  # an instance: its weights are real already
+""")
+
+
+@pytest.fixture
+def models(tmp_path):
+    (tmp_path / "m.py").write_text(MODELS)
+    return tmp_path
+
+
+def read(path):
+    return json.loads(path.read_text())
+
+
+def test_auto_traces_a_small_model_on_the_cpu_and_a_big_one_on_meta(models, capfd, monkeypatch):
+    code, _, err = cli(["m.py:Net", "--input", "2,3,8,8", "-o", "auto.json"], models, capfd)
+    assert code == 0 and err.count("\n") == 1, err
+    code, _, err = cli(["m.py:Net", "--input", "2,3,8,8", "--device", "cpu", "-o", "cpu.json"], models, capfd)
+    assert code == 0, err
+    assert read(models / "auto.json")["measured"]["device"] == "cpu"
+    assert read(models / "auto.json") == read(models / "cpu.json")
+    monkeypatch.setattr(api, "AUTO_META_BYTES", 0)  # every model is big
+    code, _, err = cli(["m.py:Net", "--input", "2,3,8,8", "-o", "big.json"], models, capfd)
+    assert code == 0 and "note" not in err, err
+    big = read(models / "big.json")
+    assert big["measured"]["device"] == "meta"
+    assert without_device(big) == without_device(read(models / "cpu.json"))
+
+
+@pytest.mark.parametrize("attr, why", [("Dyn", "meta"), ("InitReads", "meta")])
+def test_auto_falls_back_to_the_cpu_with_one_note(models, capfd, monkeypatch, attr, why):
+    monkeypatch.setattr(api, "AUTO_META_BYTES", 0)
+    code, out, err = cli([f"m.py:{attr}", "--input", "1,4", "-o", "g.json"], models, capfd)
+    assert code == 0 and out == "", err
+    lines = err.splitlines()
+    assert lines[0].startswith("neurarch-trace: note: the meta device could not run this model (")
+    assert lines[0].endswith("); built and traced it on the CPU") and why in lines[0]
+    if attr == "Dyn":  # its forward needs values, and the training step is rehearsed on meta: it says so
+        assert lines[1].startswith("neurarch-trace: training step not rehearsed, memory will be estimated")
+    assert len(lines) == (3 if attr == "Dyn" else 2), err
+    assert lines[-1].startswith("wrote g.json")
+    assert read(models / "g.json")["measured"]["device"] == "cpu"
+    # --device meta never falls back
+    code, _, err = cli([f"m.py:{attr}", "--input", "1,4", "--device", "meta", "-o", "m.json"], models, capfd)
+    assert code == 1 and err.count("\n") == 1, err
+
+
+def test_auto_keeps_an_instance_where_it_is_and_big_weights_off_the_cpu(models, capfd, monkeypatch):
+    monkeypatch.setattr(api, "AUTO_META_BYTES", 0)
+    code, _, err = cli(["m.py:built", "--input", "2,3,8,8", "-o", "g.json"], models, capfd)
+    assert code == 0 and "note" not in err, err
+    assert read(models / "g.json")["measured"]["device"] == "cpu"
+    # weights that would not fit in memory are never built on the CPU: the meta error stands
+    monkeypatch.setattr(api, "_physical_memory", lambda: 10)
+    code, _, err = cli(["m.py:Dyn", "--input", "1,4", "-o", "d.json"], models, capfd)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "needs real tensor values, which the meta device does not have" in err
+    assert not (models / "d.json").exists()
+
+
+def test_auto_errors_are_the_cpu_errors(models, capfd, monkeypatch):
+    monkeypatch.setattr(api, "AUTO_META_BYTES", 0)
+    # the meta kernels accept a long input into a float linear layer; the CPU does not
+    code, _, err = cli(["m.py:Dyn", "--input", "1,4:long", "-o", "g.json"], models, capfd)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "with inputs x 1x4 int64: RuntimeError" in err
+
+
+def test_trace_model_never_moves_a_live_model():
+    model = nn.Sequential(nn.Linear(4, 4))
+    graph = trace_model(model, torch.randn(1, 4))
+    assert graph["measured"]["device"] == "cpu"
+    assert model[0].weight.device.type == "cpu"
