@@ -50,6 +50,7 @@ def trace_target(
     quiet: bool = True,
     progress: Any = None,
     note: Optional[Callable[[str], None]] = None,
+    training_step: bool = True,
 ) -> tuple[dict, str]:
     """Load ``target``, make seeded random inputs from ``specs`` and trace one forward pass.
 
@@ -59,6 +60,8 @@ def trace_target(
     meta device otherwise (parameter counts, shapes and FLOPs are those of a CPU trace, without a
     byte of weights or activations). A module-level model instance is traced where its tensors are.
     Every build starts from the random state the import left (seed 0 before the import).
+    ``note`` is called with each line worth telling the user (the fallback to the CPU);
+    ``training_step`` as :func:`~neurarch_trace.tracer.trace_model`'s.
 
     Returns ``(graph, model_name)``. Raises the errors of :func:`open_target`,
     :func:`make_inputs` and :func:`trace_model` (``TargetError``, ``InputSpecError``,
@@ -73,7 +76,7 @@ def trace_target(
     rng = torch.get_rng_state()
     description = f"Traced by neurarch-trace from {target} with {describe_inputs(specs, default_dtype)}."
     settings = dict(default_dtype=default_dtype, name=name or opened.name, depth=depth,
-                    description=description, progress=progress)
+                    description=description, progress=progress, training_step=training_step)
     if device == "auto" and weights:
         device = "cpu"
     if device == "auto":
@@ -163,11 +166,14 @@ def trace_module(
     device: str = "cpu",
     description: str | None = None,
     progress: Any = None,
+    training_step: bool = True,
 ) -> dict:
-    """Trace an already-built ``model`` on random inputs made from ``specs`` (see :mod:`inputs`)."""
+    """Trace an already-built ``model`` on random inputs made from ``specs`` (see :mod:`inputs`);
+    ``training_step`` as :func:`~neurarch_trace.tracer.trace_model`'s."""
     args, kwargs = make_inputs(list(specs), model, default_dtype=default_dtype, device=device)
     if progress is not None:
         progress.step("tracing")
     return trace_model(
-        model, args, kwargs=kwargs, name=name, depth=depth, description=description, progress=progress
+        model, args, kwargs=kwargs, name=name, depth=depth, description=description, progress=progress,
+        training_step=training_step,
     )

@@ -184,6 +184,7 @@ def _trace_command(args: argparse.Namespace) -> int:
             quiet=not args.verbose,
             progress=progress,
             note=notes.append,
+            training_step=trace.training_step,
         )
     for line in notes:
         say(f"note: {line}")

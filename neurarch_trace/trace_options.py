@@ -103,13 +103,20 @@ HF_CLASS = Option(("--hf-class",), {
     "help": f"hf: only: the transformers class that builds the model (default {HF_CLASS_DEFAULT}, the bare "
             "model without a task head; e.g. AutoModelForCausalLM adds the LM head)",
 })
+NO_TRAINING_STEP = Option(("--no-training-step",), {
+    "dest": "training_step",
+    "action": "store_false",
+    "help": "skip the rehearsed training step (about 0.9 s of a cold start, most of it PyTorch's one-time "
+            "imports for the meta device); a plan then estimates memory from the layers' outputs",
+})
 VERBOSE = Option(("--verbose",), {
     "action": "store_true",
     "help": "print the full traceback on failure",
 })
 
 #: Every trace option, in the order the help lists them (the positional :data:`TARGET` apart).
-TRACE_OPTIONS: Tuple[Option, ...] = (INPUT, DTYPE, OUTPUT, NAME, DEPTH, DEVICE, WEIGHTS, HF_CLASS, VERBOSE)
+TRACE_OPTIONS: Tuple[Option, ...] = (INPUT, DTYPE, OUTPUT, NAME, DEPTH, DEVICE, WEIGHTS, HF_CLASS, NO_TRAINING_STEP,
+                                     VERBOSE)
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,7 @@ class TraceChoices:
     device: Optional[str] = None
     weights: bool = False
     hf_class: str = HF_CLASS_DEFAULT
+    training_step: bool = True
     verbose: bool = False
 
     @classmethod
@@ -141,6 +149,7 @@ class TraceChoices:
             device=getattr(args, "device", None),
             weights=bool(getattr(args, "weights", False)),
             hf_class=getattr(args, "hf_class", HF_CLASS_DEFAULT),
+            training_step=bool(getattr(args, "training_step", True)),
             verbose=bool(getattr(args, "verbose", False)),
         )
 

@@ -184,6 +184,24 @@ def test_depth_flag(tmp_path, capfd):
     assert sum(1 for c in graph["components"] if c.get("scope") == "layer1") == 2
 
 
+def test_no_training_step_writes_the_same_graph_without_the_rehearsal(tmp_path, capfd):
+    target = [RESNET + ":ResNet18", "--input", "2,3,32,32"]
+    assert run([*target, "-o", "full.json"], tmp_path, capfd)[0] == 0
+    code, _, err = run([*target, "--no-training-step", "-o", "bare.json"], tmp_path, capfd)
+    assert code == 0 and err.startswith("wrote bare.json"), err
+    full = json.loads((tmp_path / "full.json").read_text())
+    bare = json.loads((tmp_path / "bare.json").read_text())
+    # the rehearsal only adds: the step's measurements, and the bytes each layer saves for backward
+    assert "training" in full["measured"] and "training" not in bare["measured"]
+    assert any("savedBytes" in c["measured"] for c in full["components"])
+    assert not any("savedBytes" in c["measured"] for c in bare["components"])
+    strip = {"training", "flopsByKind"}
+    assert {k: v for k, v in full["measured"].items() if k not in strip} == \
+        {k: v for k, v in bare["measured"].items() if k not in strip}
+    assert [c["name"] for c in full["components"]] == [c["name"] for c in bare["components"]]
+    assert full["connections"] == bare["connections"]
+
+
 # --- errors: exit 1, one line on stderr, nothing written, an existing file untouched ----------
 
 BAD_MODULE = """

@@ -149,7 +149,7 @@ class Scripted:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     def close(self) -> None:
@@ -936,6 +936,11 @@ def test_a_live_model_is_never_moved(shell: InteractiveShell, capsys: pytest.Cap
     assert r.graph["measured"]["device"] == "meta" and r.graph["measured"]["batchSize"] == 4
     assert r.graph["measured"]["params"] == TINY_PARAMS and r.graph["name"] == "Tiny"
     assert magic(shell, "make_tiny --input 1,3,8,8 --device meta --no-save").graph["measured"]["device"] == "meta"
+    # --no-training-step: the same layers, without the rehearsed step's measurements
+    with_step = magic(shell, "Tiny --input 1,3,8,8 --no-save").graph
+    bare = magic(shell, "Tiny --input 1,3,8,8 --no-training-step --no-save").graph
+    assert "training" in with_step["measured"] and "training" not in bare["measured"]
+    assert bare["connections"] == with_step["connections"] and bare["measured"]["params"] == TINY_PARAMS
 
 
 #: For each option of the magic (by destination), a line with a bad value or a bad use of it, and
@@ -950,6 +955,8 @@ BAD_VALUES = {
     "device": ("{t} --input 1,4 --device gpu", "argument --device: invalid choice: 'gpu'"),
     "weights": ("{t} --input 1,4 --weights", "--weights applies to hf: targets only"),
     "hf_class": ("hf:ckpt --hf-class NoSuchClass", "--hf-class 'NoSuchClass' is not a transformers model class"),
+    "training_step": ("{t} --input 1,4 --no-training-step=yes",
+                      "argument --no-training-step: ignored explicit argument 'yes'"),
     "verbose": ("{t} --input 1,4 --verbose=yes", "argument --verbose: ignored explicit argument 'yes'"),
     "plan": ("{t} --input 1,4 --plan=yes", "argument --plan: ignored explicit argument 'yes'"),
     "share": ("{t} --input 1,4 --share=no", "argument --share: ignored explicit argument 'no'"),

@@ -94,6 +94,7 @@ def port_of(url: str) -> int:
 # --- 1. one request cannot hold the service -------------------------------------------------------
 
 
+@pytest.mark.slow  # seconds of real waiting (timeouts, big plans): the full run's
 def test_small_requests_answer_while_two_large_plans_run(plan_server_factory: Any) -> None:
     server = plan_server_factory(plan_budget_s=3.0, heavy_workers=2, rate_limit=0)
     big = json.dumps({"model": chain(100_000)}, separators=(",", ":")).encode()
@@ -121,6 +122,7 @@ def test_small_requests_answer_while_two_large_plans_run(plan_server_factory: An
         assert sentence.startswith("the plan needs more than 3 s of CPU time, this service's limit per request")
 
 
+@pytest.mark.slow  # seconds of real waiting (timeouts, big plans): the full run's
 def test_a_plan_over_the_fast_lane_slice_moves_to_the_large_lane(plan_server_factory: Any) -> None:
     # 20,000 layers in a body under the fast-lane size: more than a 0.05 s slice, well within 5 s
     server = plan_server_factory(fast_lane_bytes=16 * 2**20, fast_lane_budget_s=0.05, rate_limit=0)
@@ -187,6 +189,7 @@ def test_rate_limit_buckets_are_capped(plan_server_factory: Any) -> None:
 # --- 4. shares: stored once, compressed, with a quota and an expiry -------------------------------
 
 
+@pytest.mark.slow  # seconds of real waiting (timeouts, big plans): the full run's
 def test_a_share_is_stored_once_and_compressed(plan_server_factory: Any) -> None:
     server = plan_server_factory(rate_limit=0)
     body = json.dumps({"model": chain(10_000), "share": True}).encode()
@@ -228,6 +231,7 @@ def test_share_quota_per_client(plan_server_factory: Any) -> None:
         assert conn.execute("SELECT COUNT(*) FROM shares").fetchone()[0] == len(stored) + 1
 
 
+@pytest.mark.slow  # seconds of real waiting (timeouts, big plans): the full run's
 def test_share_ttl_expires_shares(plan_server_factory: Any) -> None:
     server = plan_server_factory(share_ttl_s=1.0)
     url = requests.post(server + PLAN, json={"model": load("mlp"), "share": True}, timeout=30).json()["url"]
@@ -270,6 +274,7 @@ def test_non_finite_numbers_are_refused_and_every_answer_is_strict_json(plan_ser
 # --- 6. read timeouts and a connection cap --------------------------------------------------------
 
 
+@pytest.mark.slow  # seconds of real waiting (timeouts, big plans): the full run's
 def test_slow_clients_are_cut_off(plan_server_factory: Any) -> None:
     server = plan_server_factory(header_timeout_s=1.0, read_timeout_s=1.0, body_timeout_s=2.0)
     port = port_of(server)
@@ -379,6 +384,7 @@ def test_wide_characters_keep_the_card_box(plan_server: str) -> None:
     assert all(line[0] in "+|" and line[-1] in "+|" for line in lines)
 
 
+@pytest.mark.slow  # seconds of real waiting (timeouts, big plans): the full run's
 def test_a_plan_over_the_worker_memory_cap_is_a_413(plan_server_factory: Any) -> None:
     # a worker's address space starts near 250 MiB (interpreter, planner, thread arenas); a
     # 100,000-layer plan peaks near 450 MiB, a small one adds a few MiB

@@ -26,7 +26,10 @@ def _trace(config: dict) -> dict:
     return trace_model(model, torch.randint(0, 1000, (1, 2048), device="meta"))
 
 
-@pytest.mark.parametrize("name, config", [("llama7b_meta2048", {}), ("llama3_70b_meta2048", LLAMA3_70B)])
+@pytest.mark.parametrize("name, config", [
+    ("llama7b_meta2048", {}),
+    pytest.param("llama3_70b_meta2048", LLAMA3_70B, marks=pytest.mark.slow),  # 4 s: the full run's
+])
 def test_recorded_graph_matches_a_fresh_trace(name: str, config: dict) -> None:
     fresh = _trace(config)
     with gzip.open(DATA / f"{name}.neurarch.json.gz", "rt", encoding="utf-8") as f:
@@ -47,6 +50,7 @@ def test_recorded_graph_matches_a_fresh_trace(name: str, config: dict) -> None:
     assert plan["serve"]["fits"] and plan["serve"]["peakGb"] > plan["serve"]["weightsGb"] / plan["serve"]["gpus"]
 
 
+@pytest.mark.slow  # a 65B config traced and rehearsed on meta (3 s): the full run's
 def test_qlora_paper_65b_on_one_48gb_gpu() -> None:
     """Dettmers et al. 2023 fine-tune LLaMA-65B on one 48 GB GPU. LLaMA-65B (hidden 8192, MLP 22016,
     80 layers, 64 heads, vocabulary 32000) has 65,285,660,672 parameters, 64,760,053,760 of them in
