@@ -25,7 +25,8 @@ Reports, in one run on this machine:
    over ``--repeats`` rounds, and its ratio to the bare forward from the round-paired differences
    (:func:`summarise`).
 2. The command line as a user runs it, whole process (``neurarch-trace
-   examples/models/resnet.py:ResNet50 --input 1,3,224,224``, default device and ``--device cpu``),
+   examples/models/resnet.py:ResNet50 --input 1,3,224,224``, default device, ``--device cpu`` and
+   ``--no-training-step``),
    next to ``python -c "import torch"`` (the floor every torch tool pays) and a torchinfo script
    doing the same summary; in alternating rounds, medians of wall time and of the child's CPU time.
 3. LLaMA-7B and LLaMA-3-70B configs on the meta device: the trace time (model build included),
@@ -230,6 +231,8 @@ def cli_commands(out_dir: str) -> Dict[str, List[str]]:
     commands = {
         "neurarch-trace (default device)": exe + target + ["-o", os.path.join(out_dir, "a.neurarch.json")],
         "neurarch-trace --device cpu": exe + target + ["--device", "cpu", "-o", os.path.join(out_dir, "b.json")],
+        "neurarch-trace --no-training-step": exe + target + ["--no-training-step", "-o",
+                                                            os.path.join(out_dir, "c.json")],
         "python -c 'import torch'": [sys.executable, "-c", "import torch"],
     }
     try:

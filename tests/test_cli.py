@@ -61,10 +61,14 @@ IMPORTS_PROBE = (
 def test_a_trace_imports_no_dynamo_and_no_http_client(tmp_path, device):
     # the command: torch._dynamo alone was a second of it, requests and transformers more
     args = [RESNET + ":ResNet50", "--input", "1,3,224,224", "--device", device, "-o", "r.json"]
-    proc = run_subprocess([sys.executable, "-c", IMPORTS_PROBE, *args], tmp_path)
+    proc = run_subprocess([sys.executable, "-c", IMPORTS_PROBE, *args, "--no-training-step"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[]\n"
     assert proc.stderr == "wrote r.json (174 layers, 191 connections)\n"
+    # the rehearsed step's meta kernels import sympy and torch._dynamo (README, Speed); nothing else
+    proc = run_subprocess([sys.executable, "-c", IMPORTS_PROBE, *args], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "['sympy', 'torch._dynamo']\n"
 
 
 @pytest.mark.slow
