@@ -11,17 +11,16 @@ removed, and the parameters, buffers and attributes the forward changed put back
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import inspect
 import warnings
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 import neurarch_trace.walk as walk
+from neurarch_trace.contract.document import gc_paused
 from neurarch_trace.errors import NeedsValuesError, TraceError
 from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.text import error_line
@@ -233,7 +232,7 @@ def trace_model(
         )
     graph_name = name or type(model).__name__
 
-    with _no_gc():
+    with gc_paused():  # a trace makes many small objects that live to its end
         recording, output = _record(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress)
         if not output_tensors(output):
             warn_no_output(model, graph_name)
@@ -258,19 +257,6 @@ def _full_depth(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[
     full = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name, description=description)
     attach_training(full, recording, step, None)
     return full
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """The garbage collector off: a trace makes many small objects that live to its end, and
-    collections while it runs would walk them (and everything torch holds) again and again."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tuple[str, Any]],
