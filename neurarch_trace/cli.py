@@ -36,6 +36,7 @@ from neurarch_trace.contract import (
 )
 from neurarch_trace.errors import NeurarchError
 from neurarch_trace.plan_options import add_options
+from neurarch_trace.text import plural
 from neurarch_trace.trace_options import TARGET, TRACE_OPTIONS, TraceChoices
 
 __all__ = ["DEVICES", "build_parser", "build_plan_parser", "main", "run"]
@@ -203,8 +204,8 @@ def _trace_command(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise write_error(exc, path) from exc
         progress.clear()
-        print(f"wrote {path} ({layer_count(graph)} layers, {len(graph['connections'])} connections)",
-              file=sys.stderr, flush=True)
+        counts = f"{plural(layer_count(graph), 'layer')}, {plural(len(graph['connections']), 'connection')}"
+        print(f"wrote {path} ({counts})", file=sys.stderr, flush=True)
     return plan_cli.run_plan(args, graph, path, target=args.target, inputs=input_texts, base=base)
 
 

@@ -76,7 +76,14 @@ class OpenedTarget:
         Raises:
             TargetError: the class, factory or transformers raised, or built no ``nn.Module``.
         """
-        return LoadedTarget(model=self._build(device), name=self.name, kind=self.kind)
+        try:
+            return LoadedTarget(model=self._build(device), name=self.name, kind=self.kind)
+        except TargetError as exc:
+            cause = exc.__cause__
+            if device == "meta" and cause is not None and "meta" in str(cause).lower():
+                raise TargetError(f"{exc} (the meta device holds no values): build it on the CPU instead "
+                                  "(--device cpu)") from cause
+            raise
 
 
 def open_target(target: str, *, weights: bool = False, hf_class: str = "AutoModel",
@@ -220,7 +227,9 @@ def as_module(obj: Any, *, label: str) -> nn.Module:
             raise
         raise TargetError(f"calling {what} failed: {error_line(exc)}") from exc
     if not isinstance(built, nn.Module):
-        raise TargetError(f"{what} returned a {type(built).__name__}, not a torch.nn.Module")
+        name = type(built).__name__
+        article = "an" if name[:1].lower() in "aeiou" else "a"
+        raise TargetError(f"{what} returned {article} {name}, not a torch.nn.Module")
     return built
 
 
@@ -242,6 +251,14 @@ def _offers(owner: Any) -> list[str]:
         elif inspect.isfunction(value) and value.__module__ == home:
             names.append(name)
     return names[:12]
+
+
+def _whole_message(exc: BaseException) -> str:
+    """``TypeName: every line of the message``, on one line: a config validation error says what
+    is wrong only on its second line (``Field 'hidden_size' expected int, got str``)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _looks_like_path(ident: str) -> bool:
@@ -335,8 +352,11 @@ def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: 
         raise TargetError(
             f"cannot find Hugging Face model {ident!r}: {why}; download it first or pass a local folder (hf:./path)"
         ) from exc
-    except ValueError as exc:
-        raise TargetError(f"hf:{ident}: transformers cannot read its config: {error_line(exc)}") from exc
+    except Exception as exc:  # noqa: BLE001 - a config's own validation can raise anything (a str where an int goes)
+        raise TargetError(
+            f"hf:{ident}: transformers cannot read its config.json ({_whole_message(exc)}): fix the file or "
+            "pass a folder written by save_pretrained"
+        ) from exc
 
     def build(device: str) -> nn.Module:
         try:

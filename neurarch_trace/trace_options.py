@@ -168,9 +168,10 @@ class TraceChoices:
         if self.depth is not None and self.depth < 0:
             raise TargetError(f"--depth must be 0 or more, not {self.depth}")
         if self.weights and not self.is_hf:
-            raise TargetError("--weights applies to hf: targets only")
+            raise TargetError("--weights applies to hf: targets only: drop it (a file or module target builds its "
+                              "own weights)")
         if self.hf_class != HF_CLASS_DEFAULT and not self.is_hf:
-            raise TargetError("--hf-class applies to hf: targets only")
+            raise TargetError("--hf-class applies to hf: targets only: drop it")
         if self.weights and self.device == "meta":
             raise TargetError("--weights loads real weights, which the meta device cannot hold: drop --device meta")
 

@@ -239,7 +239,7 @@ class Net(nn.Module):
         (["good.py:Nope", "--input", "1,4"],
          "good.py has no attribute 'Nope'; it offers Net, needs_args, not_a_module, raises"),
         (["good.py:raises", "--input", "1,4"], "calling raises() failed: ValueError: missing config"),
-        (["good.py:not_a_module", "--input", "1,4"], "not_a_module() returned a int, not a torch.nn.Module"),
+        (["good.py:not_a_module", "--input", "1,4"], "not_a_module() returned an int, not a torch.nn.Module"),
         (["good.py:needs_args", "--input", "1,4"], "calling needs_args() failed: TypeError"),
         (["good.py:Net", "--input", "1,x,4"], "--input '1,x,4': dimension 'x' is not a positive integer"),
         (["good.py:Net", "--input", "1,4:float99"], "unknown dtype 'float99': use one of float32, float,"),
@@ -423,7 +423,7 @@ def test_a_forward_returning_none_says_so(tmp_path, capfd):
     # with no output there is no loss to train on: the step is not rehearsed, and the plan would estimate
     assert lines[1] == ("neurarch-trace: training step not rehearsed, memory will be estimated from layer "
                         "outputs: no output of the model depends on a trainable parameter, so there is no backward")
-    assert lines[2] == "wrote ReturnsNone.neurarch.json (1 layers, 3 connections)"
+    assert lines[2] == "wrote ReturnsNone.neurarch.json (1 layer, 3 connections)"
 
 
 def test_a_model_warning_is_told_at_the_models_line(tmp_path, capfd):

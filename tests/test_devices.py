@@ -171,9 +171,10 @@ def test_auto_falls_back_to_the_cpu_with_one_note(models, capfd, monkeypatch, at
     assert len(lines) == (3 if attr == "Dyn" else 2), err
     assert lines[-1].startswith("wrote g.json")
     assert read(models / "g.json")["measured"]["device"] == "cpu"
-    # --device meta never falls back
+    # --device meta never falls back; it says what to do
     code, _, err = cli([f"m.py:{attr}", "--input", "1,4", "--device", "meta", "-o", "m.json"], models, capfd)
     assert code == 1 and err.count("\n") == 1, err
+    assert err.rstrip().endswith("(--device cpu)"), err
 
 
 def test_auto_keeps_an_instance_where_it_is_and_big_weights_off_the_cpu(models, capfd, monkeypatch):

@@ -173,6 +173,11 @@ def test_hf_class_adds_the_task_head(tmp_path, capfd):
         ("hf:./no/such/folder", None, "hf:./no/such/folder: folder ./no/such/folder does not exist"),
         ("hf:broken", "{not json", "hf:broken: cannot read broken/config.json: OSError: It looks like the config file"),
         ("hf:empty", None, "hf:empty has no config.json"),
+        # a config transformers' own validation refuses: what is wrong (its second line), as a user error
+        ("hf:badvalue", '{"model_type": "bert", "hidden_size": "big"}',
+         "hf:badvalue: transformers cannot read its config.json (StrictDataclassFieldValidationError: Validation "
+         "error for field 'hidden_size': TypeError: Field 'hidden_size' expected int, got str (value: 'big')): "
+         "fix the file or pass a folder written by save_pretrained"),
     ],
 )
 def test_hf_folder_errors(tmp_path, capfd, target, config, message):
