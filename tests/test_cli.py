@@ -188,6 +188,25 @@ def test_depth_flag(tmp_path, capfd):
     assert sum(1 for c in graph["components"] if c.get("scope") == "layer1") == 2
 
 
+def test_a_keyword_the_forward_swallows_is_told(tmp_path, capfd):
+    (tmp_path / "kw.py").write_text(textwrap.dedent("""
+        from torch import nn
+        class KW(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+            def forward(self, x, mask=None, **kwargs):
+                return self.fc(x)
+    """))
+    code, _, err = run(["kw.py:KW", "--input", "1,4", "--input", "mask=1,4", "--input", "maks=1,4", "-o", "g.json"],
+                       tmp_path, capfd)
+    assert code == 0
+    # 'mask' is named by the forward (it may read it into Python only); 'maks' went into **kwargs
+    assert err == ("neurarch-trace: warning: kw.py:7: the forward ignored input 'maks': its **kwargs took it and "
+                   "nothing flows from it to a layer or the output; check the name against the forward's arguments\n"
+                   "wrote g.json (1 layer, 4 connections)\n")
+
+
 def test_no_training_step_writes_the_same_graph_without_the_rehearsal(tmp_path, capfd):
     target = [RESNET + ":ResNet18", "--input", "2,3,32,32"]
     assert run([*target, "-o", "full.json"], tmp_path, capfd)[0] == 0

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from neurarch_trace.errors import TraceWarning
 
-__all__ = ["model_warnings", "warn_no_output"]
+__all__ = ["model_warnings", "warn_no_output", "warn_unused_inputs"]
 
 #: Frames from these folders are not the model's: the standard library's warnings, torch, the tracer.
 _NOT_THE_MODEL = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (
@@ -73,6 +73,22 @@ def _reissue(caught: List[Caught]) -> None:
         text = f"{message} ({running}; {category.__name__})" if running else f"{message} ({category.__name__})"
         name = module or os.path.splitext(os.path.basename(place))[0]
         warnings.warn_explicit(text, TraceWarning, place, number, module=name, registry={})
+
+
+def warn_unused_inputs(model: Any, names: List[str]) -> None:
+    """Keyword inputs that ``forward`` does not name and no layer, merge or output used (its
+    ``**kwargs`` swallowed them: a misspelt name): say so, at the model's ``forward``. Their node
+    keeps a dead-end edge to the output (``measured.syntheticConnections``)."""
+    if not names:
+        return
+    forward = getattr(type(model), "forward", None)
+    code = getattr(forward, "__code__", None)
+    place, number = (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
+    listed = ", ".join(repr(n) for n in names)
+    warnings.warn_explicit(
+        f"the forward ignored input {listed}: its **kwargs took it and nothing flows from it to a layer or "
+        "the output; check the name against the forward's arguments",
+        TraceWarning, place, number, module=os.path.splitext(os.path.basename(place))[0], registry={})
 
 
 def warn_no_output(model: Any, model_name: str) -> None:

@@ -27,7 +27,7 @@ from neurarch_trace.text import error_line
 from neurarch_trace.trace.batch import sample_inputs
 from neurarch_trace.trace.guard import fast_paths_off, state_kept
 from neurarch_trace.trace.modules import Opaque, opaque_script_modules, unwrap_model
-from neurarch_trace.trace.notices import model_warnings, warn_no_output
+from neurarch_trace.trace.notices import model_warnings, warn_no_output, warn_unused_inputs
 from neurarch_trace.trace.recorder import Recorder
 from neurarch_trace.trace.records import Recording
 from neurarch_trace.trace.serialise import build_graph
@@ -236,6 +236,7 @@ def trace_model(
         recording, output = _record(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress)
         if not output_tensors(output):
             warn_no_output(model, graph_name)
+        warn_unused_inputs(model, _unused_inputs(recording, _swallowed_keywords(model, call_kwargs)))
         step = (rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
                                        scalars=recording.scalars) if training_step else None)
         graph = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name,
@@ -244,6 +245,26 @@ def trace_model(
                                                      description, step)
         attach_training(graph, recording, step, full)
     return graph
+
+
+def _swallowed_keywords(model: nn.Module, kwargs: dict) -> set:
+    """The keyword arguments ``forward`` does not name, which only its ``**kwargs`` takes."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return set()
+    return {k for k in kwargs if k not in params}
+
+
+def _unused_inputs(recording: Recording, keywords: set) -> List[str]:
+    """The names of the input records, of a keyword in ``keywords`` (one ``forward`` does not name),
+    that no other record has as a source: a misspelt keyword its ``**kwargs`` swallowed. (An input
+    the forward names may be read only into Python: transformers drops an all-ones attention mask.)"""
+    if not keywords:
+        return []
+    used = {key for record in recording.records for key in record.sources}
+    return [r.name for r in recording.records[: recording.input_count]
+            if r.index not in used and r.name.split(".", 1)[0] in keywords]
 
 
 def _full_depth(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tuple[str, Any]],
