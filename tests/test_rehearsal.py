@@ -330,3 +330,29 @@ def test_a_rehearsal_of_an_example_runs_from_the_command_line(tmp_path, capfd) -
     assert training["tokens"] == [64, 32] and training["batchSizes"] == [2, 4]
     assert all(isinstance(c["measured"].get("savedBytes"), int) for c in graph["components"]
                if c["type"] in ("linear", "layerNorm", "embedding"))
+
+
+class ReadsValues(nn.Module):
+    """Reads tensor values into Python between its layers: ``bool(t)`` and ``.item()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if h.mean() > -1e9:
+            h = h * 2
+        h = h * float(h.abs().max().item() > 0)
+        return self.b(h)
+
+
+def test_values_the_forward_reads_are_replayed_in_the_rehearsal():
+    # the meta device has no values: the rehearsal replays those the traced forward read, in order,
+    # so every such read must reach the FLOP mode (none is a "zero-FLOP" shortcut around it)
+    torch.manual_seed(0)
+    graph = trace_model(ReadsValues(), torch.randn(4, 8))
+    training = graph["measured"]["training"]
+    assert "error" not in training, training
+    assert training["batchSizes"] == [4, 8]

@@ -205,12 +205,14 @@ def closed_form(module: nn.Module, args: tuple, kwargs: dict) -> Optional[Formul
 #: FLOP mode off the dispatch stack around them (:func:`neurarch_trace.trace.provenance`'s
 #: ``FlowMode``); every other call keeps it. ``tests/test_closed_form.py`` runs each one under the
 #: FLOP mode and checks that it counts nothing. Never here: matrix products, convolutions,
-#: attention, interpolation, anything a formula of :mod:`neurarch_trace.flops` may count.
+#: attention, interpolation, anything a formula of :mod:`neurarch_trace.flops` may count; nor a
+#: function that can read a tensor's value into Python (``item``, ``bool(t)``, ``repeat_interleave``
+#: with tensor repeats): the FLOP mode records those values, which the rehearsal replays.
 _ZERO_TENSOR_METHODS = (
     "view", "view_as", "reshape", "reshape_as", "transpose", "permute", "contiguous", "split", "chunk",
     "unbind", "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten", "narrow", "select", "t",
     "__getitem__", "__setitem__", "to", "float", "half", "bfloat16", "long", "int", "bool", "type_as", "clone",
-    "detach", "repeat", "repeat_interleave", "masked_fill", "masked_fill_", "add", "add_", "sub", "sub_", "mul",
+    "detach", "repeat", "masked_fill", "masked_fill_", "add", "add_", "sub", "sub_", "mul",
     "mul_", "div", "div_", "neg", "pow", "sqrt", "rsqrt", "exp", "log", "abs", "tanh", "sigmoid", "relu",
     "softmax", "log_softmax", "clamp", "mean", "sum", "amax", "argmax", "cumsum", "eq", "ne", "lt", "gt", "le",
     "ge", "all", "any", "flip", "roll", "tril", "triu", "__rsub__", "__rtruediv__", "__neg__", "__pow__",
