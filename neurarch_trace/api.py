@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import neurarch_trace.walk as walk
-from neurarch_trace.errors import InputSpecError, TargetError, TraceError
+from neurarch_trace.errors import InputSpecError, OutOfMemoryError, TargetError, TraceError
 from neurarch_trace.inputs import InputSpec, make_inputs
 from neurarch_trace.targets import OpenedTarget, open_target
 from neurarch_trace.text import error_line
@@ -116,7 +116,10 @@ def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Ten
         size = sum(t.numel() * t.element_size() for t in (*walk.parameters(model), *walk.buffers(model)))
         if size <= AUTO_META_BYTES:
             del model
-            return _trace_on(opened, "cpu", specs, rng, settings)
+            try:
+                return _trace_on(opened, "cpu", specs, rng, settings)
+            except OutOfMemoryError as exc:  # small weights, big activations: meta allocates nothing
+                return _meta_after_oom(opened, specs, rng, settings, note, exc)
         try:
             return trace_module(model, specs, device="meta", **settings)
         except (TraceError, InputSpecError) as exc:
@@ -130,6 +133,22 @@ def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Ten
     graph = _trace_on(opened, "cpu", specs, rng, settings)
     if note is not None:
         note(f"the meta device could not run this model ({why}); built and traced it on the CPU")
+    return graph
+
+
+def _meta_after_oom(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Tensor, settings: dict,
+                    note: Optional[Callable[[str], None]], exc: OutOfMemoryError) -> dict:
+    """The CPU trace ran out of memory: the same on the meta device, with one ``note``; the CPU's
+    error stands when meta cannot run the model either."""
+    if settings["progress"] is not None:
+        settings["progress"].step("building the model on the meta device")
+    try:
+        graph = _trace_on(opened, "meta", specs, rng, settings)
+    except (TraceError, InputSpecError, TargetError):
+        raise exc from None
+    if note is not None:
+        why = error_line(exc.__cause__ if exc.__cause__ is not None else exc)
+        note(f"the CPU ran out of memory tracing this model ({why}); built and traced it on the meta device")
     return graph
 
 

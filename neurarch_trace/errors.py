@@ -39,6 +39,11 @@ class NeedsValuesError(TraceError):
     data-dependent shape, a copy to the CPU): ``--device auto`` traces on the CPU instead."""
 
 
+class OutOfMemoryError(TraceError):
+    """The forward ran out of host memory (the CPU allocator refused a tensor): ``--device auto``
+    traces a small model's big inputs on the meta device instead."""
+
+
 class GraphError(NeurarchError, ValueError):
     """A graph that breaks the ``.neurarch.json`` contract, or a file that is not one."""
 

@@ -129,6 +129,14 @@ MODELS = textwrap.dedent("""
                 x = block(x)
             return self.fc(x)
 
+    class Greedy(nn.Module):  # small weights, a working buffer no CPU can allocate (512 TiB a sample)
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+        def forward(self, x):
+            scratch = torch.zeros(x.shape[0], 2**46, device=x.device)
+            return self.fc(x) + scratch[:, :4]
+
     built = Net()  # an instance: its weights are real already
 """)
 
@@ -175,6 +183,24 @@ def test_auto_falls_back_to_the_cpu_with_one_note(models, capfd, monkeypatch, at
     code, _, err = cli([f"m.py:{attr}", "--input", "1,4", "--device", "meta", "-o", "m.json"], models, capfd)
     assert code == 1 and err.count("\n") == 1, err
     assert err.rstrip().endswith("(--device cpu)"), err
+
+
+def test_auto_traces_on_meta_when_the_cpu_runs_out_of_memory(models, capfd):
+    code, out, err = cli(["m.py:Greedy", "--input", "2,4", "-o", "g.json", "--no-training-step"], models, capfd)
+    assert code == 0 and out == "", err
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].startswith("neurarch-trace: note: the CPU ran out of memory tracing this model (RuntimeError: ")
+    assert lines[0].endswith("); built and traced it on the meta device")
+    assert lines[1] == "wrote g.json (1 layer, 2 connections)"
+    assert read(models / "g.json")["measured"]["device"] == "meta"
+    # --device cpu: one line that says what to do, nothing written
+    code, _, err = cli(["m.py:Greedy", "--input", "2,4", "--device", "cpu", "-o", "c.json"], models, capfd)
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith("neurarch-trace: the forward pass ran out of memory after 0 layers with inputs "
+                          "x 2x4 float32 (")
+    assert err.rstrip().endswith("or trace on the meta device, which allocates nothing (--device meta)")
+    assert not (models / "c.json").exists()
 
 
 def test_auto_keeps_an_instance_where_it_is_and_big_weights_off_the_cpu(models, capfd, monkeypatch):

@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 import neurarch_trace.walk as walk
 from neurarch_trace.contract.document import gc_paused
-from neurarch_trace.errors import NeedsValuesError, TraceError
+from neurarch_trace.errors import NeedsValuesError, OutOfMemoryError, TraceError
 from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.text import error_line
 from neurarch_trace.trace.batch import sample_inputs
@@ -113,6 +113,13 @@ def _needs_values(exc: BaseException) -> bool:
     return "meta" in text or "data-dependent" in text or "item()" in text
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """The CPU allocator refused a tensor (``DefaultCPUAllocator: can't allocate memory``, or its
+    ``alloc_cpu.cpp`` enforce under a memory limit), or Python ran out of memory."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or "can't allocate memory" in text or "alloc_cpu.cpp" in text
+
+
 def _needs_autograd(exc: Optional[BaseException]) -> bool:
     """The forward failed for want of autograd (it calls torch.autograd.grad or backward)."""
     text = str(exc)
@@ -129,6 +136,12 @@ def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tup
             f"({error_line(exc)}): trace on the CPU instead (--device cpu)"
         )
     shown = ", ".join(f"{n} {tensor_text(t)}" for n, t in tensors)
+    if _out_of_memory(exc):
+        return OutOfMemoryError(
+            f"the forward pass ran out of memory {where} with inputs {shown} ({error_line(exc)}): trace a "
+            "smaller batch (shapes are batchless and a plan sizes any batch), or trace on the meta device, "
+            "which allocates nothing (--device meta)"
+        )
     return TraceError(
         f"the forward pass failed {where} with inputs {shown}: {error_line(exc)}; "
         "check the input shapes and dtypes against what the model's forward expects"
