@@ -852,6 +852,21 @@ def test_hf_target_from_the_minilm_package_with_a_real_tokenized_batch(
     assert r.graph["measured"]["device"] == "meta" and r.graph["measured"]["inputs"][0]["shape"] == [2, n]
 
 
+def test_auto_notes_reach_the_cell(shell: InteractiveShell, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "greedy.py").write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class Greedy(nn.Module):  # small weights, a buffer no CPU can allocate\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(4, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.fc(x) + torch.zeros(x.shape[0], 2**46, device=x.device)[:, :4]\n")
+    r = magic(shell, "greedy.py:Greedy --input 2,4 --no-training-step --no-save")
+    assert r.graph["measured"]["device"] == "meta"
+    err = capsys.readouterr().err
+    assert "neurarch: note: the CPU ran out of memory tracing this model (" in err
+    assert err.rstrip().endswith("built and traced it on the meta device")
+
+
 def test_file_target_is_the_cli_graph(shell: InteractiveShell, tmp_path: Path) -> None:
     import importlib.util
 

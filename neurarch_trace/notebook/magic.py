@@ -224,12 +224,17 @@ def _trace_target(text: str, trace: TraceChoices, scope: _Scope) -> tuple:
         graph, _ = trace_target(
             text, specs, default_dtype=parse_dtype(trace.dtype_name()), name=trace.name, depth=trace.depth,
             device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose,
-            training_step=trace.training_step)
+            training_step=trace.training_step, note=_say_note)
         return graph, trace_source(text, list(scope.inputs))
     device = "cpu" if device == "auto" else device  # notebook data holds real values: a real model
     loaded = load_target(text, device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose)
     return _trace_model(loaded.model, text, trace, scope, name=trace.name or loaded.name, device=device,
                         described=True)
+
+
+def _say_note(line: str) -> None:
+    """A note of ``--device auto`` (it traced elsewhere than it first tried), on the cell's stderr."""
+    print(f"neurarch: note: {line}", file=sys.stderr, flush=True)
 
 
 def _trace_expression(text: str, trace: TraceChoices, scope: _Scope) -> tuple:
