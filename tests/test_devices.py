@@ -61,6 +61,7 @@ def meta_against_cpu(make_model, make_inputs) -> bool:
             why[0] = str(exc)
             return False
     assert meta["measured"]["device"] == "meta" and cpu["measured"]["device"] == "cpu"
+    assert sum(cpu["measured"]["flopsByKind"].values()) == cpu["measured"]["flops"]  # every FLOP has a kind
     assert [c["measured"].get("flops") for c in meta["components"]] == \
         [c["measured"].get("flops") for c in cpu["components"]]
     assert without_device(meta) == without_device(cpu)
