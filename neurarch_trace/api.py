@@ -108,7 +108,7 @@ def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Ten
     try:
         model = opened.build("meta").model
     except TargetError as exc:
-        why = error_line(exc.__cause__ if exc.__cause__ is not None else exc)
+        why = _cause_line(exc)
     else:
         where = _device_of(model)
         if where not in (None, "meta"):  # a model instance, built when its module was imported
@@ -126,30 +126,38 @@ def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Ten
             memory = _physical_memory()
             if memory is not None and size > CPU_FALLBACK_FRACTION * memory:
                 raise
-            why = error_line(exc.__cause__ if exc.__cause__ is not None else exc)
+            why = _cause_line(exc)
         del model
-    if settings["progress"] is not None:
-        settings["progress"].step("building the model on the CPU")
-    graph = _trace_on(opened, "cpu", specs, rng, settings)
-    if note is not None:
-        note(f"the meta device could not run this model ({why}); built and traced it on the CPU")
-    return graph
+    return _retrace(opened, "cpu", specs, rng, settings, note,
+                    f"the meta device could not run this model ({why}); built and traced it on the CPU")
 
 
 def _meta_after_oom(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Tensor, settings: dict,
                     note: Optional[Callable[[str], None]], exc: OutOfMemoryError) -> dict:
     """The CPU trace ran out of memory: the same on the meta device, with one ``note``; the CPU's
     error stands when meta cannot run the model either."""
-    if settings["progress"] is not None:
-        settings["progress"].step("building the model on the meta device")
+    message = (f"the CPU ran out of memory tracing this model ({_cause_line(exc)}); built and traced it on the "
+               "meta device")
     try:
-        graph = _trace_on(opened, "meta", specs, rng, settings)
+        return _retrace(opened, "meta", specs, rng, settings, note, message)
     except (TraceError, InputSpecError, TargetError):
         raise exc from None
+
+
+def _retrace(opened: OpenedTarget, device: str, specs: Sequence[InputSpec], rng: torch.Tensor, settings: dict,
+             note: Optional[Callable[[str], None]], message: str) -> dict:
+    """Build and trace on ``device`` after the first device failed; ``note`` the ``message`` once it worked."""
+    if settings["progress"] is not None:
+        settings["progress"].step(f"building the model on the {'CPU' if device == 'cpu' else 'meta device'}")
+    graph = _trace_on(opened, device, specs, rng, settings)
     if note is not None:
-        why = error_line(exc.__cause__ if exc.__cause__ is not None else exc)
-        note(f"the CPU ran out of memory tracing this model ({why}); built and traced it on the meta device")
+        note(message)
     return graph
+
+
+def _cause_line(exc: BaseException) -> str:
+    """The one-line form of what ``exc`` wraps (the model's own error), else of ``exc``."""
+    return error_line(exc.__cause__ if exc.__cause__ is not None else exc)
 
 
 def _trace_on(opened: OpenedTarget, device: str, specs: Sequence[InputSpec], rng: torch.Tensor,

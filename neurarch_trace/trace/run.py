@@ -262,6 +262,8 @@ def trace_model(
 
 def _swallowed_keywords(model: nn.Module, kwargs: dict) -> set:
     """The keyword arguments ``forward`` does not name, which only its ``**kwargs`` takes."""
+    if not kwargs:
+        return set()
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
