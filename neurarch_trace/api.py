@@ -15,6 +15,7 @@ from torch import nn
 import neurarch_trace.walk as walk
 from neurarch_trace.errors import InputSpecError, OutOfMemoryError, TargetError, TraceError
 from neurarch_trace.inputs import InputSpec, make_inputs
+from neurarch_trace.lazy_dynamo import dynamo_left_unimported
 from neurarch_trace.targets import OpenedTarget, open_target
 from neurarch_trace.text import error_line
 from neurarch_trace.tracer import dtype_name, trace_model
@@ -72,23 +73,24 @@ def trace_target(
     if progress is not None:
         progress.step("building the model")
     torch.manual_seed(0)
-    opened = open_target(target, weights=weights, hf_class=hf_class, quiet=quiet)
-    rng = torch.get_rng_state()
-    description = f"Traced by neurarch-trace from {target} with {describe_inputs(specs, default_dtype)}."
-    settings = dict(default_dtype=default_dtype, name=name or opened.name, depth=depth,
-                    description=description, progress=progress, training_step=training_step)
-    if device == "auto" and weights:
-        device = "cpu"
-    if device == "auto":
-        return _trace_auto(opened, specs, rng, settings, note), opened.name
-    return _trace_on(opened, device, specs, rng, settings), opened.name
+    with dynamo_left_unimported():  # building on meta runs PyTorch's Python kernels
+        opened = open_target(target, weights=weights, hf_class=hf_class, quiet=quiet)
+        rng = torch.get_rng_state()
+        description = f"Traced by neurarch-trace from {target} with {describe_inputs(specs, default_dtype)}."
+        settings = dict(default_dtype=default_dtype, name=name or opened.name, depth=depth,
+                        description=description, progress=progress, training_step=training_step)
+        if device == "auto" and weights:
+            device = "cpu"
+        if device == "auto":
+            return _trace_auto(opened, specs, rng, settings, note), opened.name
+        return _trace_on(opened, device, specs, rng, settings), opened.name
 
 
 #: ``auto`` traces a model whose parameters and buffers take at most this many bytes (64M float32
-#: parameters) on the CPU: building it there costs less than the meta device's first use (about
-#: 0.7 s: torch's meta kernels import ``torch.fx.experimental.symbolic_shapes``, sympy and
-#: ``torch._dynamo`` with it, on torch 2.13), and the CPU kernels check dtypes that meta kernels let
-#: through. A bigger model is traced on the meta device.
+#: parameters) on the CPU: building it there costs less than the meta device's first use without a
+#: rehearsed step (about 0.3 s: torch's meta kernels import ``torch.fx.experimental.symbolic_shapes``
+#: and sympy with it, on torch 2.13), and the CPU kernels check dtypes that meta kernels let through
+#: (a ``float16`` input to an ``nn.Linear``). A bigger model is traced on the meta device.
 AUTO_META_BYTES = 256 * 2**20
 
 #: ``auto`` falls back from the meta device to the CPU only when the weights fit in this share of

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 import neurarch_trace.walk as walk
+from neurarch_trace.lazy_dynamo import dynamo_left_unimported
 from neurarch_trace.rehearsal.attention import eager_extra_bytes
 from neurarch_trace.rehearsal.fit import combine
 from neurarch_trace.rehearsal.step import InputPlan, Rehearsal, RehearsalError, Run
@@ -113,7 +114,7 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
     try:
         walk.set_training(model, True)
         # the user's random stream is left where it was; the trace already told the model's warnings
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), dynamo_left_unimported():
             warnings.simplefilter("ignore")
             return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars))
     except RehearsalError as exc:

@@ -247,8 +247,19 @@ class _ProxyAdamW:
             return
         for p, g in zip(self.params, self.grads):
             p.grad = g
-        self.optimizer.step()
+        with torch.no_grad():
+            _undecorated(type(self.optimizer).step)(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
+
+
+def _undecorated(function: Any) -> Any:
+    """``function`` under its ``functools.wraps`` decorators. ``Optimizer.step``'s decorators open
+    a profiler range, run the step hooks users registered on every optimizer (not this one's to
+    run) and switch grad mode off around a ``torch._dynamo.graph_break()``, whose import is most of
+    a second of a cold start; the step itself runs as PyTorch runs it, under ``no_grad``."""
+    while getattr(function, "__wrapped__", None) is not None:
+        function = function.__wrapped__
+    return function
 
 
 class _Autocast:

@@ -22,6 +22,7 @@ from torch.utils.hooks import RemovableHandle
 import neurarch_trace.walk as walk
 from neurarch_trace.contract.document import gc_paused
 from neurarch_trace.errors import NeedsValuesError, OutOfMemoryError, TraceError
+from neurarch_trace.lazy_dynamo import dynamo_left_unimported
 from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.text import error_line
 from neurarch_trace.trace.batch import sample_inputs
@@ -245,7 +246,8 @@ def trace_model(
         )
     graph_name = name or type(model).__name__
 
-    with gc_paused():  # a trace makes many small objects that live to its end
+    # a trace makes many small objects that live to its end; the meta kernels are PyTorch's Python
+    with gc_paused(), dynamo_left_unimported():
         recording, output = _record(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress)
         if not output_tensors(output):
             warn_no_output(model, graph_name)
