@@ -90,7 +90,7 @@ def trace_target(
 #: parameters) on the CPU: building it there costs less than the meta device's first use without a
 #: rehearsed step (about 0.3 s: torch's meta kernels import ``torch.fx.experimental.symbolic_shapes``
 #: and sympy with it, on torch 2.13), and the CPU kernels check dtypes that meta kernels let through
-#: (a ``float16`` input to an ``nn.Linear``). A bigger model is traced on the meta device.
+#: (an ``int64`` input to an ``nn.Linear``). A bigger model is traced on the meta device.
 AUTO_META_BYTES = 256 * 2**20
 
 #: ``auto`` falls back from the meta device to the CPU only when the weights fit in this share of
