@@ -13,11 +13,12 @@ Everything here that calls a method on a user's module calls the unbound ``nn.Mo
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 from torch import nn
 
 __all__ = [
+    "Tree",
     "buffers",
     "children",
     "modules",
@@ -118,3 +119,38 @@ def register_hooks(module: nn.Module, pre: Any, post: Any) -> list:
         nn.Module.register_forward_pre_hook(module, pre, with_kwargs=True),
         nn.Module.register_forward_hook(module, post, with_kwargs=True),
     ]
+
+
+class Tree:
+    """One walk of ``model``'s tree, kept: what :func:`named_modules`, :func:`named_parameters` and
+    :func:`named_buffers` yield for it (and the paths of ``named_modules(remove_duplicate=False)``,
+    walked when first asked). A trace reads the tree several times before its forward pass (the
+    hooks, the provenance keys, the module paths, the state to put back): on BERT-base each walk
+    takes 0.2 ms. Valid while nothing registers or removes a submodule, parameter or buffer: the
+    forward may (lazy layers), so whatever reads the tree after it walks again."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.named_modules: List[Tuple[str, nn.Module]] = list(named_modules(model))
+        self.named_parameters: List[Tuple[str, nn.Parameter]] = []
+        self.named_buffers: List[Tuple[str, Any]] = []
+        for registry, out in (("_parameters", self.named_parameters), ("_buffers", self.named_buffers)):
+            memo: set = set()
+            for prefix, module in self.named_modules:
+                for key, value in getattr(module, registry).items():
+                    if value is not None and id(value) not in memo:
+                        memo.add(id(value))
+                        out.append(((f"{prefix}.{key}" if prefix else key), value))
+        self._paths: Optional[List[Tuple[str, nn.Module]]] = None
+
+    @property
+    def modules(self) -> List[nn.Module]:
+        """``model`` and every submodule once, pre-order."""
+        return [module for _, module in self.named_modules]
+
+    @property
+    def paths(self) -> List[Tuple[str, nn.Module]]:
+        """``(path, module)`` for every path to every module, as ``named_modules(model, False)``."""
+        if self._paths is None:
+            self._paths = list(named_modules(self.model, remove_duplicate=False))
+        return self._paths

@@ -484,3 +484,27 @@ def test_the_functions_the_flop_mode_steps_aside_for_count_nothing(mode):
         zero_flop_samples()
     assert counted == []  # no FLOPs, no operation without a formula
     assert ZERO_FLOP_FUNCTIONS <= called  # the samples call every one of them
+
+
+@pytest.mark.parametrize("q, k, v", [
+    ((1, 12, 128, 64), (1, 12, 128, 64), (1, 12, 128, 64)),  # BERT-base's self-attention
+    ((2, 32, 7, 128), (2, 8, 300, 128), (2, 8, 300, 96)),  # grouped key/value heads, cross lengths
+    ((3, 1, 1, 1), (3, 1, 5, 1), (3, 1, 5, 2)),
+])
+def test_the_attention_formula_is_flop_counters(q, k, v):
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    from neurarch_trace.flops import sdpa_flops
+
+    assert sdpa_flops(q, k, v) == sdpa_flop_count(q, k, v)
+    # and what a traced F.scaled_dot_product_attention charges, on the fast and the reference path
+    query, key, value = torch.randn(q), torch.randn(k), torch.randn(v)
+
+    class Attention(nn.Module):
+        def forward(self, query, key, value):
+            return nn.functional.scaled_dot_product_attention(query, key, value, enable_gqa=True)
+
+    for path in (contextlib.nullcontext(), reference_path()):
+        with path:
+            graph = trace_model(Attention(), (query, key, value), training_step=False)
+        assert graph["measured"]["flops"] == sdpa_flop_count(q, k, v)

@@ -36,13 +36,14 @@ class Provenance:
     of the model have a fixed key of their own (:attr:`tensors_by_key`).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, tree: Optional[walk.Tree] = None) -> None:
+        tree = tree if tree is not None else walk.Tree(model)
         self._entries: Dict[int, Tuple[weakref.ref, frozenset]] = {}
         # parameters and buffers: id -> (provenance key, tensor)
         self._known: Dict[int, Tuple[str, torch.Tensor]] = {}
-        for name, p in walk.named_parameters(model):
+        for name, p in tree.named_parameters:
             self._known[id(p)] = (f"param:{name}", p)
-        for name, b in walk.named_buffers(model):
+        for name, b in tree.named_buffers:
             self._known.setdefault(id(b), (f"buffer:{name}", b))
         #: ``"param:<name>"`` / ``"buffer:<name>"`` -> the tensor.
         self.tensors_by_key: Dict[str, torch.Tensor] = {key: t for key, t in self._known.values()}

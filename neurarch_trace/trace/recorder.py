@@ -22,6 +22,7 @@ import torch
 import torch.nn.modules.module as _global_hooks
 from torch import nn
 
+import neurarch_trace.walk as walk
 from neurarch_trace.flops import FlopMode, flop_kind
 from neurarch_trace.mapping import count_params, is_passthrough, is_whole_layer, layer_spec
 from neurarch_trace.text import plural
@@ -62,8 +63,10 @@ class Recorder:
     """
 
     def __init__(self, model: nn.Module, *, depth: Optional[int], batch_size: int, root_name: str,
-                 samples: frozenset = frozenset()) -> None:
+                 samples: frozenset = frozenset(), tree: Optional[walk.Tree] = None) -> None:
+        tree = tree if tree is not None else walk.Tree(model)
         self.model = model
+        self.tree = tree  # walked before the forward (see walk.Tree)
         self.depth = depth
         self.root_name = root_name
         self.records: List[LayerCall] = []
@@ -76,11 +79,11 @@ class Recorder:
         self.batch = BatchSize(batch_size)
         self.axes = BatchAxes(self.batch)
         self._samples = samples
-        self.stack = LayerStack(model)
+        self.stack = LayerStack(model, tree)
         self.names = Names()
-        self.provenance = Provenance(model)
+        self.provenance = Provenance(model, tree)
         self.ownership = Ownership(self.provenance.tensors_by_key)
-        self.kinds = LayerKinds(model)
+        self.kinds = LayerKinds(model, tree)
         self.flow = FlowMode(self)
         self.flop_mode = FlopMode(self.on_flops, self.scalars)
         # closed-form FLOPs for known leaf layers (see .closed_form); a global forward hook would run

@@ -62,7 +62,7 @@ def _input_names(model: nn.Module, n_args: int) -> List[str]:
     return names + [f"input_{i}" for i in range(len(names), n_args)]
 
 
-def _install_hooks(model: nn.Module, recorder: Recorder, progress: Optional[Callable[[int], None]],
+def _install_hooks(tree: walk.Tree, recorder: Recorder, progress: Optional[Callable[[int], None]],
                    hooked: list) -> int:
     """A pre-hook and a post-hook (``with_kwargs``) on every Python module (TorchScript ones refuse
     hooks), appended to ``hooked``; with ``progress``, the pre-hook also reports the layer calls
@@ -85,7 +85,7 @@ def _install_hooks(model: nn.Module, recorder: Recorder, progress: Optional[Call
     key = RemovableHandle.next_id
     RemovableHandle.next_id += 1
     post = recorder.post_hook
-    for module in walk.modules(model):
+    for module in tree.modules:
         if isinstance(module, torch.jit.ScriptModule):
             continue
         module._forward_pre_hooks[key] = pre
@@ -153,11 +153,12 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
              tensors: List[Tuple[str, torch.Tensor]], progress: Optional[Callable[[int], None]],
              with_grad: bool = False) -> Any:
     """Run the forward once under the hooks, the FLOP mode and the flow mode; put everything back."""
-    training = [(m, m.training) for m in walk.modules(model)]  # the flags to put back
+    tree = recorder.tree
+    training = [(m, m.training) for m in tree.modules]  # the flags to put back
     hooked: list = []
     key = -1
     try:
-        key = _install_hooks(model, recorder, progress, hooked)
+        key = _install_hooks(tree, recorder, progress, hooked)
         if any(flag for _, flag in training):
             walk.set_training(model, False)
         # the fast path runs the forward without autograd (no graph, activations freed as they go);
@@ -308,21 +309,23 @@ def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tupl
 
     def new_recorder() -> Recorder:
         recorder = Recorder(model, depth=depth, batch_size=batch_size, root_name=graph_name,
-                            samples=frozenset(samples))
+                            samples=frozenset(samples), tree=tree)
         for input_name, t in tensors:
             recorder.add_input(input_name, t)
         return recorder
 
     with fast_paths_off(), opaque_script_modules(model):
-        recorder = new_recorder()  # inside: it reads the module tree with the scripted parts wrapped
+        tree = walk.Tree(model)  # inside: the module tree with the scripted parts wrapped, walked once
+        recorder = new_recorder()
         with model_warnings(lambda: recorder.running()):
             try:
-                with state_kept(model):
+                with state_kept(model, tree):
                     output = _forward(recorder, model, args, kwargs, tensors, progress)
             except TraceError as exc:
                 if not (recorder.fast and _needs_autograd(exc.__cause__)):
                     raise
+                tree = walk.Tree(model)  # the first forward may have registered parameters (lazy layers)
                 recorder = new_recorder()  # the forward differentiates (torch.autograd.grad): again, with autograd
-                with state_kept(model):
+                with state_kept(model, tree):
                     output = _forward(recorder, model, args, kwargs, tensors, progress, with_grad=True)
         return recorder.finish(output), output
