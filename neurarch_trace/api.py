@@ -56,10 +56,11 @@ def trace_target(
     """Load ``target``, make seeded random inputs from ``specs`` and trace one forward pass.
 
     ``device`` is one of :data:`DEVICES`; ``auto`` (``cpu`` with ``weights``) is
-    :func:`_trace_auto`: the model is first built on the meta device, where it costs nothing, then
-    traced on the CPU when its parameters and buffers take at most :data:`AUTO_META_BYTES`, on the
-    meta device otherwise (parameter counts, shapes and FLOPs are those of a CPU trace, without a
-    byte of weights or activations). A module-level model instance is traced where its tensors are.
+    :func:`_trace_auto`: the model is first built on the meta device, where it costs nothing, and
+    traced there (parameter counts, shapes and FLOPs are those of a CPU trace, without a byte of
+    weights or activations), or on the CPU when that fails, or when it is small
+    (:data:`AUTO_META_BYTES`) and ``training_step`` is off. A module-level model instance is
+    traced where its tensors are.
     Every build starts from the random state the import left (seed 0 before the import).
     ``note`` is called with each line worth telling the user (the fallback to the CPU);
     ``training_step`` as :func:`~neurarch_trace.tracer.trace_model`'s.
@@ -87,10 +88,11 @@ def trace_target(
 
 
 #: ``auto`` traces a model whose parameters and buffers take at most this many bytes (64M float32
-#: parameters) on the CPU: building it there costs less than the meta device's first use without a
-#: rehearsed step (about 0.3 s: torch's meta kernels import ``torch.fx.experimental.symbolic_shapes``
-#: and sympy with it, on torch 2.13), and the CPU kernels check dtypes that meta kernels let through
-#: (an ``int64`` input to an ``nn.Linear``). A bigger model is traced on the meta device.
+#: parameters) on the CPU when no training step is rehearsed: building it there costs less than the
+#: meta device's first use (about 0.3 s: torch's meta kernels import
+#: ``torch.fx.experimental.symbolic_shapes`` and sympy with it, on torch 2.13). The rehearsed step
+#: runs on meta and pays that anyway; with it, every model is traced on meta first, and a small one
+#: is not built a second time with its weights initialised (0.2 s of a ResNet-50 cold start).
 AUTO_META_BYTES = 256 * 2**20
 
 #: ``auto`` falls back from the meta device to the CPU only when the weights fit in this share of
@@ -100,12 +102,14 @@ CPU_FALLBACK_FRACTION = 0.5
 
 def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Tensor, settings: dict,
                 note: Optional[Callable[[str], None]]) -> dict:
-    """``--device auto``. The model is built on the meta device first. A small one
-    (:data:`AUTO_META_BYTES`) is built again on the CPU and traced there; a big one is traced on
-    meta and, when that fails (its forward needs real values: ``.item()``, a data-dependent shape,
-    a copy to the CPU) and its weights fit in memory (:data:`CPU_FALLBACK_FRACTION`), built and
-    traced on the CPU, with one ``note`` saying so. A build that fails on meta (an ``__init__``
-    reading values) is tried on the CPU the same way."""
+    """``--device auto``. The model is built on the meta device first and traced there, unless it
+    is small (:data:`AUTO_META_BYTES`) and no training step is rehearsed: then it is built again on
+    the CPU and traced there (a CPU trace of a small model is faster than the meta device's first
+    use, which a rehearsed step pays anyway). When the meta trace fails (the forward needs real
+    values: ``.item()``, a data-dependent shape, a copy to the CPU; or its dtypes are ones only a
+    CPU check refuses) a small model is traced on the CPU without a word, and a big one whose
+    weights fit in memory (:data:`CPU_FALLBACK_FRACTION`) with one ``note`` saying so. A build that
+    fails on meta (an ``__init__`` reading values) is tried on the CPU the same way."""
     torch.set_rng_state(rng)
     try:
         model = opened.build("meta").model
@@ -116,7 +120,8 @@ def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Ten
         if where not in (None, "meta"):  # a model instance, built when its module was imported
             return trace_module(model, specs, device=where, **settings)
         size = sum(t.numel() * t.element_size() for t in (*walk.parameters(model), *walk.buffers(model)))
-        if size <= AUTO_META_BYTES:
+        small = size <= AUTO_META_BYTES
+        if small and not settings["training_step"]:
             del model
             try:
                 return _trace_on(opened, "cpu", specs, rng, settings)
@@ -126,10 +131,14 @@ def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Ten
             return trace_module(model, specs, device="meta", **settings)
         except (TraceError, InputSpecError) as exc:
             memory = _physical_memory()
-            if memory is not None and size > CPU_FALLBACK_FRACTION * memory:
+            if not small and memory is not None and size > CPU_FALLBACK_FRACTION * memory:
                 raise
             why = _cause_line(exc)
         del model
+        if small:  # what a small model gets anyway without the step: its CPU trace, or the CPU's error
+            if settings["progress"] is not None:
+                settings["progress"].step("building the model on the CPU")
+            return _trace_on(opened, "cpu", specs, rng, settings)
     return _retrace(opened, "cpu", specs, rng, settings, note,
                     f"the meta device could not run this model ({why}); built and traced it on the CPU")
 

@@ -219,7 +219,8 @@ def test_no_training_step_writes_the_same_graph_without_the_rehearsal(tmp_path, 
     assert "training" in full["measured"] and "training" not in bare["measured"]
     assert any("savedBytes" in c["measured"] for c in full["components"])
     assert not any("savedBytes" in c["measured"] for c in bare["components"])
-    strip = {"training", "flopsByKind"}
+    strip = {"training", "flopsByKind", "device"}  # with the step, auto traces on meta
+    assert full["measured"]["device"] == "meta" and bare["measured"]["device"] == "cpu"
     assert {k: v for k, v in full["measured"].items() if k not in strip} == \
         {k: v for k, v in bare["measured"].items() if k not in strip}
     assert [c["name"] for c in full["components"]] == [c["name"] for c in bare["components"]]
@@ -415,12 +416,17 @@ def _one_line_error(err: str) -> None:
 
 def test_an_input_larger_than_memory_is_one_line(tmp_path, capfd):
     (tmp_path / "m.py").write_text(EDGE_MODULE)
-    code, out, err = run(["m.py:Net", "--input", "100000000000,4"], tmp_path, capfd)
-    assert code == 1 and out == ""
-    _one_line_error(err)
-    assert "--input '100000000000,4': a 100000000000x4 float32 tensor takes 1,600.0 GB, more than this " in err
-    assert "--device meta" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]
+    for extra in (["--device", "cpu"], ["--no-training-step"]):  # the CPU's inputs
+        code, out, err = run(["m.py:Net", "--input", "100000000000,4", *extra], tmp_path, capfd)
+        assert code == 1 and out == ""
+        _one_line_error(err)
+        assert "--input '100000000000,4': a 100000000000x4 float32 tensor takes 1,600.0 GB, more than this " in err
+        assert "--device meta" in err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]
+    # the default traces on the meta device, which allocates nothing
+    code, out, err = run(["m.py:Net", "--input", "100000000000,4", "-o", "g.json"], tmp_path, capfd)
+    assert code == 0 and err == "wrote g.json (1 layer, 2 connections)\n", err
+    assert json.loads((tmp_path / "g.json").read_text())["measured"]["batchSize"] == 100_000_000_000
 
 
 def test_a_forward_calling_sys_exit_is_one_line(tmp_path, capfd):

@@ -3,8 +3,8 @@
 A model built on the meta device has no values: a trace there must give the CPU's graph all the
 same (parameters, shapes, FLOPs, edges), for every fixture, example and architecture of the sweep;
 the models whose forward needs real values are named here. ``--device auto`` (the default) builds on
-meta first, traces small models on the CPU and big ones on meta, and falls back to the CPU with one
-note when meta cannot run the model.
+meta first and traces there (a small model on the CPU when no training step is rehearsed), and falls
+back to the CPU when meta cannot run the model: with one note for a big model.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from torch import nn
 
 from neurarch_trace import api, trace_model
 from neurarch_trace.errors import TraceError
+from neurarch_trace.trace.tensors import dtype_name
 
 
 def to_meta(value):
@@ -152,19 +153,39 @@ def read(path):
     return json.loads(path.read_text())
 
 
-def test_auto_traces_a_small_model_on_the_cpu_and_a_big_one_on_meta(models, capfd, monkeypatch):
+def test_auto_traces_on_meta_with_the_step_and_a_small_model_on_the_cpu_without(models, capfd, monkeypatch):
+    # with the training step (the default) the rehearsal pays for the meta device: the trace runs there
     code, _, err = cli(["m.py:Net", "--input", "2,3,8,8", "-o", "auto.json"], models, capfd)
     assert code == 0 and err.count("\n") == 1, err
     code, _, err = cli(["m.py:Net", "--input", "2,3,8,8", "--device", "cpu", "-o", "cpu.json"], models, capfd)
     assert code == 0, err
-    assert read(models / "auto.json")["measured"]["device"] == "cpu"
-    assert read(models / "auto.json") == read(models / "cpu.json")
-    monkeypatch.setattr(api, "AUTO_META_BYTES", 0)  # every model is big
-    code, _, err = cli(["m.py:Net", "--input", "2,3,8,8", "-o", "big.json"], models, capfd)
+    auto, cpu = read(models / "auto.json"), read(models / "cpu.json")
+    assert auto["measured"]["device"] == "meta" and cpu["measured"]["device"] == "cpu"
+    assert without_device(auto) == without_device(cpu)
+    # without it a small model is built again on the CPU (faster than meta's first use)
+    code, _, err = cli(["m.py:Net", "--input", "2,3,8,8", "--no-training-step", "-o", "a.json"], models, capfd)
+    assert code == 0 and err.count("\n") == 1, err
+    code, _, err = cli(["m.py:Net", "--input", "2,3,8,8", "--no-training-step", "--device", "cpu", "-o", "c.json"],
+                       models, capfd)
+    assert code == 0, err
+    assert read(models / "a.json")["measured"]["device"] == "cpu"
+    assert read(models / "a.json") == read(models / "c.json")
+    monkeypatch.setattr(api, "AUTO_META_BYTES", 0)  # every model is big: meta, step or not
+    code, _, err = cli(["m.py:Net", "--input", "2,3,8,8", "--no-training-step", "-o", "big.json"], models, capfd)
     assert code == 0 and "note" not in err, err
     big = read(models / "big.json")
     assert big["measured"]["device"] == "meta"
-    assert without_device(big) == without_device(read(models / "cpu.json"))
+    assert without_device(big) == without_device(read(models / "c.json"))
+
+
+def test_auto_traces_a_small_model_meta_cannot_run_on_the_cpu_without_a_word(models, capfd):
+    code, out, err = cli(["m.py:Dyn", "--input", "1,4", "-o", "g.json"], models, capfd)
+    assert code == 0 and out == "", err
+    lines = err.splitlines()  # its step is rehearsed on meta, which cannot run it: that is said
+    assert len(lines) == 2 and "note" not in err, err
+    assert lines[0].startswith("neurarch-trace: training step not rehearsed, memory will be estimated")
+    assert lines[1] == "wrote g.json (1 layer, 2 connections)"
+    assert read(models / "g.json")["measured"]["device"] == "cpu"
 
 
 @pytest.mark.parametrize("attr, why", [("Dyn", "meta"), ("InitReads", "meta")])
@@ -217,12 +238,35 @@ def test_auto_keeps_an_instance_where_it_is_and_big_weights_off_the_cpu(models, 
     assert not (models / "d.json").exists()
 
 
-def test_auto_errors_are_the_cpu_errors(models, capfd, monkeypatch):
-    monkeypatch.setattr(api, "AUTO_META_BYTES", 0)
+@pytest.mark.parametrize("big", [False, True])
+def test_auto_errors_are_the_cpu_errors(models, capfd, monkeypatch, big):
+    if big:
+        monkeypatch.setattr(api, "AUTO_META_BYTES", 0)
     # the meta kernels accept a long input into a float linear layer; the CPU does not
-    code, _, err = cli(["m.py:Dyn", "--input", "1,4:long", "-o", "g.json"], models, capfd)
-    assert code == 1 and err.count("\n") == 1, err
-    assert "with inputs x 1x4 int64: RuntimeError" in err
+    for attr in ("Dyn", "Net"):
+        shape = "1,4" if attr == "Dyn" else "1,3,8,8"
+        code, _, err = cli([f"m.py:{attr}", "--input", f"{shape}:long", "-o", "g.json"], models, capfd)
+        assert code == 1 and err.count("\n") == 1, err
+        assert f"with inputs x {shape.replace(',', 'x')} int64: RuntimeError" in err
+        assert not (models / "g.json").exists()
+
+
+def test_the_meta_device_refuses_the_dtypes_the_cpu_refuses():
+    # an int64 or float16 input into a float32 linear layer runs on meta kernels, not on the CPU's
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    for dtype in (torch.int64, torch.float16):
+        with pytest.raises(TraceError) as caught:
+            trace_model(model, torch.ones(2, 4, dtype=dtype, device="meta"))
+        assert f"layer '0' (Linear) got an input of dtype {dtype_name(dtype)} for its float32 weights, which " \
+               "PyTorch's CPU and CUDA kernels refuse" in str(caught.value)
+        assert "meta device does not have" not in str(caught.value)  # not a NeedsValuesError
+        with pytest.raises(TraceError):  # the CPU refuses it too
+            trace_model(nn.Sequential(nn.Linear(4, 3)), torch.ones(2, 4, dtype=dtype))
+    # under autocast the layer casts its input: both devices run it
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        graph = trace_model(model, torch.ones(2, 4, dtype=torch.bfloat16, device="meta"), training_step=False)
+    assert graph["measured"]["params"] == 15
 
 
 def test_trace_model_never_moves_a_live_model():

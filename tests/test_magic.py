@@ -798,8 +798,8 @@ def test_hf_folder_is_built_from_its_config_as_the_cli_builds_it(
     with torch.device("meta"):
         reference = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(bert_folder))
     measured = r.graph["measured"]
-    # --device auto: built on meta first; a model this small is then built and traced on the CPU
-    assert measured["device"] == "cpu" and measured["params"] == _params(reference)
+    # --device auto: built and traced on meta, which the rehearsed training step uses anyway
+    assert measured["device"] == "meta" and measured["params"] == _params(reference)
     assert measured["inputs"] == [{"name": "input_ids", "shape": [1, 16], "dtype": "int64"}]  # the hf: default
     assert r.graph["name"] == "ckpt" and r.source["target"] == "hf:ckpt" and r.source["input"] == "1,16"
     assert r.graph == _cli_graph(["hf:ckpt"], tmp_path / "cli.neurarch.json")  # the CLI's graph, exactly
@@ -828,7 +828,9 @@ def test_hf_target_from_the_minilm_package_with_a_real_tokenized_batch(
     r = magic(shell, f"hf:{folder} --name all-MiniLM-L6-v2 --no-save")
     real = transformers.AutoModel.from_pretrained(folder)
     assert r.graph["measured"]["params"] == _params(real) == 22_713_216
-    assert r.graph["measured"]["device"] == "cpu" and r.graph["name"] == "all-MiniLM-L6-v2"  # auto, small
+    assert r.graph["measured"]["device"] == "meta" and r.graph["name"] == "all-MiniLM-L6-v2"  # auto
+    r = magic(shell, f"hf:{folder} --name all-MiniLM-L6-v2 --no-save --no-training-step")
+    assert r.graph["measured"]["device"] == "cpu" and r.graph["measured"]["params"] == 22_713_216  # small
     # A batch the real tokenizer made, in the notebook. BERT reads the attention mask's values, which
     # the meta device does not hold: on --device meta the one-line error says so; by default (and on
     # --device cpu) notebook data gets a model built on the CPU.
@@ -876,7 +878,7 @@ def test_file_target_is_the_cli_graph(shell: InteractiveShell, tmp_path: Path) -
     spec.loader.exec_module(module)
     assert r.graph["name"] == "ResNet18" and r.path == "ResNet18.neurarch.json"
     assert r.graph["measured"]["params"] == _params(module.ResNet18()) == 11_689_512
-    assert r.graph["measured"]["device"] == "cpu"
+    assert r.graph["measured"]["device"] == "meta"  # auto, with the training step
     assert r.source["target"] == f"{RESNET}:ResNet18"
     assert r.graph == _cli_graph([f"{RESNET}:ResNet18", "--input", "1,3,32,32"], tmp_path / "cli.neurarch.json")
     r = magic(shell, f"{RESNET}:ResNet18 --input 1,3,32,32 --device meta --depth 1 --no-save")

@@ -114,11 +114,18 @@ def test_saved_checkpoint_through_hf_target(tmp_path, capfd):
     from_config = json.loads((tmp_path / "cfg.json").read_text())
     assert_clean(from_config)
     assert from_config["measured"]["device"] == "meta"
-    # the default (--device auto) builds a model this small on the CPU: the same graph
-    code, out, err = _cli(["hf:ckpt", "-o", "auto.json"], tmp_path, capfd)
+    # the default (--device auto) traces on meta too; without the step, a model this small is built
+    # on the CPU: the same graph
+    code, out, err = _cli(["hf:ckpt", "-o", "default.json"], tmp_path, capfd)
+    assert code == 0, err
+    default = json.loads((tmp_path / "default.json").read_text())
+    assert default["measured"]["device"] == "meta" and default["components"] == from_config["components"]
+    code, out, err = _cli(["hf:ckpt", "--no-training-step", "-o", "auto.json"], tmp_path, capfd)
     assert code == 0, err
     auto = json.loads((tmp_path / "auto.json").read_text())
     assert auto["measured"]["device"] == "cpu"
+    for c in from_config["components"]:  # what the step adds
+        c["measured"].pop("savedBytes", None)
     assert auto["components"] == from_config["components"]
     assert auto["connections"] == from_config["connections"]
     assert from_config["measured"]["inputs"] == [{"name": "input_ids", "shape": [1, 16], "dtype": "int64"}]

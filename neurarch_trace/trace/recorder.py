@@ -42,6 +42,9 @@ __all__ = ["Recorder"]
 
 #: Result types of torch calls that hold no tensor (shapes, sizes, dtypes).
 _NO_TENSOR_RESULT = frozenset({int, float, bool, str, torch.Size, torch.dtype, torch.device})
+#: Layers whose CPU and CUDA kernels refuse an input of another dtype than their weight
+#: (``mat1 and mat2 must have the same dtype``), which the meta kernels let through.
+_SAME_DTYPE = (nn.Linear, nn.Bilinear)
 #: Modules whose forward checks the grad mode (fused inference fast paths).
 _GRAD_SENSITIVE = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 
@@ -67,6 +70,8 @@ class Recorder:
         tree = tree if tree is not None else walk.Tree(model)
         self.model = model
         self.tree = tree  # walked before the forward (see walk.Tree)
+        # on the meta device the recorder checks what its kernels do not (see _check_meta_dtype)
+        self.on_meta = any(p.is_meta for _, p in tree.named_parameters)
         self.depth = depth
         self.root_name = root_name
         self.records: List[LayerCall] = []
@@ -122,6 +127,7 @@ class Recorder:
         record.traced_shape = [int(d) for d in t.shape]
         self.set_prov(t, frozenset((record.index,)))
         self._input_count = len(self.records)
+        self.on_meta = self.on_meta or t.is_meta
 
     def finish(self, output: Any) -> Recording:
         """Record the output node (fed by the producers of every tensor in ``output``), give the
@@ -273,11 +279,13 @@ class Recorder:
     def _new_layer(self, module: nn.Module, qual: str, args: tuple, kwargs: dict) -> LayerCall:
         """The record of a layer call, with what must be read while the call runs (its inputs'
         provenance and shapes); :meth:`_settle` does the rest after the forward."""
-        record = LayerCall(index=len(self.records), type="customModule", module=module, qualname=qual)
-        self.records.append(record)
         tensors = list(iter_tensors(args))
         if kwargs:
             tensors.extend(iter_tensors(kwargs))
+        if tensors and self.on_meta:
+            _check_meta_dtype(module, qual or self.root_name, tensors[0])
+        record = LayerCall(index=len(self.records), type="customModule", module=module, qualname=qual)
+        self.records.append(record)
         provs = [self.prov_of(t) for t in tensors]
         if tensors:
             if self.batch.learn(inner(module), tensors[0], provs[0], self.records):
@@ -422,3 +430,17 @@ class Recorder:
             sink.flops += flops
         else:
             self.functional_flops += flops
+
+
+def _check_meta_dtype(module: nn.Module, name: str, x: torch.Tensor) -> None:
+    """Raise what the CPU would: an ``nn.Linear`` given an input of another dtype than its weight
+    (an ``int64`` token tensor, ``float16`` into ``float32`` weights) outside autocast. The meta
+    kernel computes a result; the trace would describe a model that cannot run. (The message
+    avoids the word "meta": it is the user's error, not a value the meta device lacks.)"""
+    if not isinstance(module, _SAME_DTYPE):
+        return
+    weight = module._parameters.get("weight")
+    if weight is None or weight.dtype == x.dtype or any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+        return
+    raise RuntimeError(f"layer {name!r} ({type(module).__name__}) got an input of dtype {dtype_name(x.dtype)} for its "
+                       f"{dtype_name(weight.dtype)} weights, which PyTorch's CPU and CUDA kernels refuse")
