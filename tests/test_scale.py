@@ -24,7 +24,8 @@ RESNET = str(ROOT / "examples" / "models" / "resnet.py")
 
 
 def test_meta_device_matches_cpu(tmp_path, capfd):
-    code, _, err = cli([RESNET + ":ResNet18", "--input", "2,3,64,64", "-o", "cpu.json"], tmp_path, capfd)
+    code, _, err = cli([RESNET + ":ResNet18", "--input", "2,3,64,64", "--device", "cpu", "-o", "cpu.json"], tmp_path,
+                       capfd)
     assert code == 0, err
     code, _, err = cli([RESNET + ":ResNet18", "--input", "2,3,64,64", "--device", "meta", "-o", "meta.json"],
                        tmp_path, capfd)
