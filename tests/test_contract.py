@@ -108,6 +108,29 @@ def test_write_then_read_strict_round_trip(tmp_path: Path) -> None:
     assert validate_graph(clean) == []
 
 
+def test_a_device_or_a_pipe_is_written_into_not_replaced(tmp_path: Path) -> None:
+    import os
+    import stat
+    import threading
+
+    clean = doc([node("in", "input", outputShape=[2]), node("out", "output", inputShape=[2])], [("in", "out")])
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    got: List[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    assert write_graph(clean, fifo) == str(fifo)
+    reader.join(10)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still the pipe, not a file renamed over it
+    assert json.loads(got[0]) == clean
+    write_graph(clean, "/dev/null")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    if os.path.exists("/dev/full"):  # a device that refuses the bytes: the error names it
+        with pytest.raises(OSError, match=r"^\[Errno 28\] cannot write /dev/full: No space left on device"):
+            write_graph(clean, "/dev/full")
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
 def _respects(order: tuple, edges: List[tuple]) -> bool:
     position = {n: i for i, n in enumerate(order)}
     return all(position[a] < position[b] for a, b in edges)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import tempfile
 
 from neurarch_trace.contract.document import not_a_graph
@@ -67,6 +68,9 @@ def write_graph(graph: dict, path: str | os.PathLike[str], *, validate: bool = T
     The text goes to a temporary file in the same folder, is flushed to disk, then renamed over
     ``path``: a failure never leaves a partial file and never clobbers an earlier good one.
 
+    A path that is a device or a pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is written into
+    instead: it is not a file to replace.
+
     Raises:
         GraphError: ``validate`` is true and the graph breaks the contract (nothing is written).
         OSError: the folder does not exist or is not writable; ``str()`` names ``path``.
@@ -75,6 +79,13 @@ def write_graph(graph: dict, path: str | os.PathLike[str], *, validate: bool = T
         check_graph(graph)
     text = dumps_graph(graph)
     p = os.fspath(path)
+    if _special(p):  # a device, a pipe (/dev/null, /dev/stdout, a FIFO): written into, never replaced
+        try:
+            with open(p, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write {p}: {exc.strerror}") from exc
+        return p
     target = os.path.realpath(p)  # writing through a symbolic link updates the file it points to
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
@@ -117,6 +128,16 @@ def missing_folder(path: object, folder: str) -> str:
     if os.path.exists(blocking) and not os.path.isdir(blocking):
         return f"cannot write {path}: {blocking} is a file, not a folder"
     return f"cannot write {path}: folder {folder} does not exist"
+
+
+def _special(path: str) -> bool:
+    """``path`` exists and is neither a regular file nor a folder: a character or block device, a
+    FIFO or a socket, which renaming a temporary file over would replace (as root, ``/dev/null``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def check_output_path(path: str) -> str:
