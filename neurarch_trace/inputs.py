@@ -12,6 +12,7 @@ values.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 
@@ -70,6 +71,11 @@ def parse_dtype(text: str) -> torch.dtype:
     return dtype
 
 
+#: The most elements an input may have: PyTorch counts a storage's bytes in an int64, and an element
+#: takes up to 16 bytes (complex128).
+MAX_ELEMENTS = (2**63 - 1) // 16
+
+
 def parse_input(text: str) -> InputSpec:
     """Parse ``[name=]D0,D1,...[:dtype]``.
 
@@ -93,8 +99,11 @@ def parse_input(text: str) -> InputSpec:
         body, dtype_text = body.rsplit(":", 1)
         dtype = parse_dtype(dtype_text)
     dims_text = [d.strip() for d in body.split(",")]
-    if not body.strip() or any(not d for d in dims_text):
+    if not body.strip():
         raise InputSpecError(f"--input {text!r} has no dimensions: write the shape batch first, e.g. 1,3,224,224")
+    if any(not d for d in dims_text):
+        raise InputSpecError(f"--input {text!r} has an empty dimension: write the shape batch first, with one "
+                             "size between each pair of commas, e.g. 1,3,224,224")
     dims = []
     for d in dims_text:
         if not d.isdigit() or int(d) <= 0:
@@ -103,6 +112,9 @@ def parse_input(text: str) -> InputSpec:
                 "e.g. 1,3,224,224"
             )
         dims.append(int(d))
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise InputSpecError(f"--input {text!r}: {math.prod(dims):,} elements are more than any tensor can hold "
+                             "(PyTorch counts a tensor's bytes in an int64); give a smaller shape")
     return InputSpec(shape=tuple(dims), dtype=dtype, name=name, text=raw)
 
 

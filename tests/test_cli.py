@@ -263,6 +263,11 @@ class Net(nn.Module):
         (["good.py:not_a_module", "--input", "1,4"], "not_a_module() returned an int, not a torch.nn.Module"),
         (["good.py:needs_args", "--input", "1,4"], "calling needs_args() failed: TypeError"),
         (["good.py:Net", "--input", "1,x,4"], "--input '1,x,4': dimension 'x' is not a positive integer"),
+        (["good.py:Net", "--input", "2,,4"], "--input '2,,4' has an empty dimension"),
+        # sizes no tensor can have: a one-line error, not PyTorch's overflow (a C++ traceback)
+        (["good.py:Net", "--input", "1000000000000000000000000000000,4"],
+         "4,000,000,000,000,000,000,000,000,000,000 elements are more than any tensor can hold"),
+        (["good.py:Net", "--input", "9223372036854775807,4", "--device", "meta"], "elements are more than any tensor"),
         (["good.py:Net", "--input", "1,4:float99"], "unknown dtype 'float99': use one of float32, float,"),
         (["good.py:Net", "--input", "1,4", "--dtype", "floaty"], "unknown dtype 'floaty'"),
         (["good.py:Net"], "no --input given"),
