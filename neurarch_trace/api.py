@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 import neurarch_trace.walk as walk
-from neurarch_trace.errors import InputSpecError, OutOfMemoryError, TargetError, TraceError
+from neurarch_trace.errors import InputSpecError, OutOfMemoryError, TargetError, TraceError, is_out_of_memory
 from neurarch_trace.inputs import InputSpec, make_inputs
 from neurarch_trace.lazy_dynamo import dynamo_left_unimported
 from neurarch_trace.targets import OpenedTarget, open_target
-from neurarch_trace.text import error_line
+from neurarch_trace.text import error_line, gb
 from neurarch_trace.tracer import dtype_name, trace_model
 
 __all__ = ["DEVICES", "trace_target", "trace_module", "describe_inputs"]
@@ -111,14 +111,14 @@ def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Ten
     weights fit in memory (:data:`CPU_FALLBACK_FRACTION`) with one ``note`` saying so. A build that
     fails on meta (an ``__init__`` reading values) is tried on the CPU the same way."""
     torch.set_rng_state(rng)
+    if opened.instance:  # a model instance, built when its module was imported: where its tensors are
+        model = opened.build("cpu").model
+        return trace_module(model, specs, device=_device_of(model) or "cpu", **settings)
     try:
         model = opened.build("meta").model
     except TargetError as exc:
         why = _cause_line(exc)
     else:
-        where = _device_of(model)
-        if where not in (None, "meta"):  # a model instance, built when its module was imported
-            return trace_module(model, specs, device=where, **settings)
         size = sum(t.numel() * t.element_size() for t in (*walk.parameters(model), *walk.buffers(model)))
         small = size <= AUTO_META_BYTES
         if small and not settings["training_step"]:
@@ -132,15 +132,33 @@ def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Ten
         except (TraceError, InputSpecError) as exc:
             memory = _physical_memory()
             if not small and memory is not None and size > CPU_FALLBACK_FRACTION * memory:
-                raise
+                raise _too_big_for_the_cpu(exc, size, memory) from exc.__cause__
             why = _cause_line(exc)
         del model
         if small:  # what a small model gets anyway without the step: its CPU trace, or the CPU's error
             if settings["progress"] is not None:
                 settings["progress"].step("building the model on the CPU")
             return _trace_on(opened, "cpu", specs, rng, settings)
-    return _retrace(opened, "cpu", specs, rng, settings, note,
-                    f"the meta device could not run this model ({why}); built and traced it on the CPU")
+    try:
+        return _retrace(opened, "cpu", specs, rng, settings, note,
+                        f"the meta device could not run this model ({why}); built and traced it on the CPU")
+    except TargetError as exc:  # the meta device cannot build it, and the CPU cannot hold it
+        if exc.__cause__ is None or not is_out_of_memory(exc.__cause__):
+            raise
+        raise TargetError(f"the meta device could not build this model ({why}), and building it on the CPU ran "
+                          f"out of memory ({_cause_line(exc)}): it reads values of weights too big for this "
+                          "machine's memory") from exc.__cause__
+
+
+def _too_big_for_the_cpu(exc: Exception, size: int, memory: int) -> Exception:
+    """The meta device's error for a model whose weights are too big for a CPU trace, without its
+    advice to trace on the CPU."""
+    text = str(exc)
+    advice = ": trace on the CPU instead (--device cpu)"
+    if not text.endswith(advice):
+        return exc
+    return type(exc)(f"{text[: -len(advice)]}; a CPU trace, which has the values, needs its weights in memory: "
+                     f"{gb(size)}, more than half of this machine's {gb(memory)}")
 
 
 def _meta_after_oom(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Tensor, settings: dict,

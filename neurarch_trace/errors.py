@@ -50,3 +50,10 @@ class GraphError(NeurarchError, ValueError):
 
 class TraceWarning(UserWarning):
     """A warning about the traced model (see the module docstring); ``str()`` is one line."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """``exc`` says the CPU allocator refused a tensor (``DefaultCPUAllocator: can't allocate
+    memory``, or its ``alloc_cpu.cpp`` enforce under a memory limit), or Python ran out of memory."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or "can't allocate memory" in text or "alloc_cpu.cpp" in text

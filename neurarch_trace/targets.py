@@ -13,13 +13,14 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-from neurarch_trace.errors import TargetError
+from neurarch_trace.errors import TargetError, is_out_of_memory
 from neurarch_trace.text import error_line
 
 __all__ = ["LoadedTarget", "OpenedTarget", "load_target", "open_target", "resolve_attribute", "HF_DEFAULT_INPUT"]
@@ -68,6 +69,9 @@ class OpenedTarget:
     kind: str  # "file", "module" or "hf"
     name: str
     _build: Any
+    #: The target names an ``nn.Module`` instance the module built at import: it is traced where its
+    #: tensors are, whatever the device asked for.
+    instance: bool = False
 
     def build(self, device: str = "cpu") -> LoadedTarget:
         """The model, built on ``device`` (``cpu`` or ``meta``). An ``nn.Module`` instance the module
@@ -105,7 +109,18 @@ def open_target(target: str, *, weights: bool = False, hf_class: str = "AutoMode
         with _device(device):
             return resolve_attribute(module, attr, where=where)
 
-    return OpenedTarget(target=target, kind=kind, name=attr.rsplit(".", 1)[-1], _build=build)
+    return OpenedTarget(target=target, kind=kind, name=attr.rsplit(".", 1)[-1], _build=build,
+                        instance=isinstance(_attribute(module, attr), nn.Module))
+
+
+def _attribute(module: Any, attr: str) -> Any:
+    """What the dotted ``attr`` names in ``module``, or None when a part is missing (the build says so)."""
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
 
 
 def check_target_form(target: str) -> None:
@@ -202,6 +217,12 @@ def resolve_attribute(module: Any, attr: str, *, where: str) -> nn.Module:
     return as_module(obj, label=f"{where}:{attr}")
 
 
+#: What Python says of a call with the wrong arguments (``missing 1 required positional argument``,
+#: ``takes 2 positional arguments but 3 were given``, ``got an unexpected keyword argument``).
+_ARGUMENTS = re.compile(r"missing \d+ required|takes \d+ positional|takes no arguments|unexpected keyword argument|"
+                        r"positional argument")
+
+
 def as_module(obj: Any, *, label: str) -> nn.Module:
     """An ``nn.Module`` instance as is; a subclass instantiated; a factory called (no arguments).
 
@@ -218,6 +239,8 @@ def as_module(obj: Any, *, label: str) -> nn.Module:
     try:
         built = obj()
     except TypeError as exc:
+        if not _ARGUMENTS.search(str(exc)):  # a TypeError from inside the build: its own words
+            raise TargetError(f"calling {what} failed: {error_line(exc)}") from exc
         raise TargetError(
             f"calling {what} failed: {error_line(exc)} "
             "(the target is called with no arguments; point at a factory that takes none)"
@@ -225,6 +248,10 @@ def as_module(obj: Any, *, label: str) -> nn.Module:
     except BaseException as exc:  # noqa: BLE001
         if isinstance(exc, KeyboardInterrupt):
             raise
+        if is_out_of_memory(exc):
+            raise TargetError(f"building {what} ran out of memory ({error_line(exc)}): its weights do not fit in this "
+                              "machine's memory; build it on the meta device, which allocates nothing (--device meta)"
+                              ) from exc
         raise TargetError(f"calling {what} failed: {error_line(exc)}") from exc
     if not isinstance(built, nn.Module):
         name = type(built).__name__

@@ -140,6 +140,29 @@ MODELS = textwrap.dedent("""
             return self.fc(x) + scratch[:, :4]
 
     built = Net()  # an instance: its weights are real already
+    on_meta = Net().to("meta")  # an instance with no values at all
+
+    class FixedDevice(nn.Module):  # a tensor made on the CPU whatever the device: a device mismatch on meta
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+        def forward(self, x):
+            return self.fc(x) + torch.arange(4, device="cpu")
+
+    class InitTypeError(nn.Module):  # a TypeError from inside __init__, not from the call's arguments
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.scale = float(self.fc.weight.detach().numpy().std())
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    class Vast(nn.Module):  # 4 TiB of weights: no CPU builds it
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(2**40))
+        def forward(self, x):
+            return x * self.w[:4]
 """)
 
 
@@ -274,3 +297,41 @@ def test_trace_model_never_moves_a_live_model():
     graph = trace_model(model, torch.randn(1, 4))
     assert graph["measured"]["device"] == "cpu"
     assert model[0].weight.device.type == "cpu"
+
+
+def test_an_instance_on_meta_is_traced_there_with_or_without_the_step(models, capfd):
+    for extra in ([], ["--no-training-step"]):
+        code, _, err = cli(["m.py:on_meta", "--input", "2,3,8,8", "-o", "g.json", *extra], models, capfd)
+        assert code == 0 and "note" not in err, err
+        assert read(models / "g.json")["measured"]["device"] == "meta"
+
+
+def test_a_device_mismatch_is_not_called_a_need_for_values(models, capfd):
+    code, _, err = cli(["m.py:FixedDevice", "--input", "2,4", "--device", "meta", "-o", "g.json"], models, capfd)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "Tensor on device cpu is not on the expected device meta!; the model holds tensors on another device " \
+           "than its inputs" in err
+    assert "needs real tensor values" not in err
+    code, _, err = cli(["m.py:FixedDevice", "--input", "2,4", "-o", "g.json"], models, capfd)  # auto: the CPU
+    assert code == 0 and "note" not in err, err
+    assert read(models / "g.json")["measured"]["device"] == "cpu"
+
+
+def test_a_type_error_inside_init_is_not_blamed_on_arguments(models, capfd):
+    code, _, err = cli(["m.py:InitTypeError", "--input", "2,4", "--device", "meta", "-o", "g.json"], models, capfd)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "called with no arguments" not in err and err.rstrip().endswith("build it on the CPU instead (--device cpu)")
+
+
+def test_weights_no_cpu_can_hold_are_one_line_that_says_so(models, capfd, monkeypatch):
+    code, _, err = cli(["m.py:Vast", "--input", "1,4", "--device", "cpu", "-o", "g.json"], models, capfd)
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith("neurarch-trace: building Vast() ran out of memory (")
+    assert err.rstrip().endswith("build it on the meta device, which allocates nothing (--device meta)")
+    # meta cannot run Dyn, and the CPU could not hold its weights: that is said, not "trace on the CPU"
+    monkeypatch.setattr(api, "AUTO_META_BYTES", 0)
+    monkeypatch.setattr(api, "_physical_memory", lambda: 10)
+    code, _, err = cli(["m.py:Dyn", "--input", "1,4", "-o", "d.json"], models, capfd)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "needs real tensor values, which the meta device does not have" in err
+    assert "a CPU trace, which has the values, needs its weights in memory: " in err and "(--device cpu)" not in err

@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 import neurarch_trace.walk as walk
 from neurarch_trace.contract.document import gc_paused
-from neurarch_trace.errors import NeedsValuesError, OutOfMemoryError, TraceError
+from neurarch_trace.errors import NeedsValuesError, OutOfMemoryError, TraceError, is_out_of_memory
 from neurarch_trace.lazy_dynamo import dynamo_left_unimported
 from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.text import error_line
@@ -111,14 +111,16 @@ def _on_meta(model: nn.Module, args: tuple, kwargs: dict) -> bool:
 
 def _needs_values(exc: BaseException) -> bool:
     text = str(exc).lower()
+    if _device_mismatch(exc):
+        return False
     return "meta" in text or "data-dependent" in text or "item()" in text
 
 
-def _out_of_memory(exc: BaseException) -> bool:
-    """The CPU allocator refused a tensor (``DefaultCPUAllocator: can't allocate memory``, or its
-    ``alloc_cpu.cpp`` enforce under a memory limit), or Python ran out of memory."""
+def _device_mismatch(exc: BaseException) -> bool:
+    """Tensors of one operation on two devices (``Tensor on device cpu is not on the expected device
+    meta!``, ``Expected all tensors to be on the same device``): not a value the meta device lacks."""
     text = str(exc)
-    return isinstance(exc, MemoryError) or "can't allocate memory" in text or "alloc_cpu.cpp" in text
+    return "is not on the expected device" in text or "to be on the same device" in text
 
 
 def _needs_autograd(exc: Optional[BaseException]) -> bool:
@@ -137,11 +139,17 @@ def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tup
             f"({error_line(exc)}): trace on the CPU instead (--device cpu)"
         )
     shown = ", ".join(f"{n} {tensor_text(t)}" for n, t in tensors)
-    if _out_of_memory(exc):
+    if is_out_of_memory(exc):
         return OutOfMemoryError(
             f"the forward pass ran out of memory {where} with inputs {shown} ({error_line(exc)}): trace a "
             "smaller batch (shapes are batchless and a plan sizes any batch), or trace on the meta device, "
             "which allocates nothing (--device meta)"
+        )
+    if _device_mismatch(exc):
+        return TraceError(
+            f"the forward pass failed {where} with inputs {shown}: {error_line(exc)}; the model holds tensors on "
+            "another device than its inputs (a tensor made with a fixed device=, or weights moved by hand): "
+            "trace it with --device set to where its weights are"
         )
     return TraceError(
         f"the forward pass failed {where} with inputs {shown}: {error_line(exc)}; "
