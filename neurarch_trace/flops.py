@@ -272,6 +272,9 @@ class FlopMode(TorchDispatchMode):
         self._sink = sink
         self._scalars = scalars
         self._popped: list[bool] = []
+        #: Called with ``(func, args)`` before each matrix product runs (the tracer's dtype check on
+        #: the meta device, whose kernels skip it); None: no check.
+        self.check: Callable[[Any, tuple], None] | None = None
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -299,6 +302,8 @@ class FlopMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
             kwargs = {}
+        if self.check is not None and func.overloadpacket in MATRIX_PRODUCTS:
+            self.check(func, args)
         out = func(*args, **kwargs)
         if func is _LOCAL_SCALAR and self._scalars is not None:
             self._scalars.append(out)
@@ -310,6 +315,22 @@ class FlopMode(TorchDispatchMode):
         elif entry[2]:
             self._sink(None, entry[1])
         return out
+
+
+#: The matrix products whose CPU and CUDA kernels want every operand of one dtype.
+MATRIX_PRODUCTS = frozenset(getattr(_aten, name) for name in (
+    "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "linear")
+    if hasattr(_aten, name))
+
+
+def same_dtype_operands(func: Any, args: tuple) -> None:
+    """Raise ``RuntimeError`` when the tensor operands of a matrix product ``func`` have different
+    dtypes, as the CPU and CUDA kernels do (``expected m1 and m2 to have the same dtype``)."""
+    dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+    if len(dtypes) > 1:
+        names = " and ".join(sorted(str(d).replace("torch.", "") for d in dtypes))
+        raise RuntimeError(f"{func.overloadpacket.__name__} of {names} operands, which PyTorch's CPU and CUDA "
+                           "kernels refuse (a matrix product takes one dtype)")
 
 
 def flop_kind(op: str) -> str:

@@ -286,6 +286,23 @@ def test_the_meta_device_refuses_the_dtypes_the_cpu_refuses():
         assert "meta device does not have" not in str(caught.value)  # not a NeedsValuesError
         with pytest.raises(TraceError):  # the CPU refuses it too
             trace_model(nn.Sequential(nn.Linear(4, 3)), torch.ones(2, 4, dtype=dtype))
+    # a matrix product in functional code: the FLOP mode checks it on meta as the CPU kernel does
+    class Functional(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 3))
+
+        def forward(self, x):
+            return x @ self.w
+
+    with torch.device("meta"):
+        functional = Functional()
+    with pytest.raises(TraceError, match=r"mm of float16 and float32 operands, which PyTorch's CPU and CUDA kernels "
+                                         r"refuse"):
+        trace_model(functional, torch.ones(2, 4, dtype=torch.float16, device="meta"))
+    with pytest.raises(TraceError, match="expected m1 and m2 to have the same dtype"):
+        trace_model(Functional(), torch.ones(2, 4, dtype=torch.float16))
+    assert trace_model(functional, torch.ones(2, 4, device="meta"), training_step=False)["measured"]["flops"] == 48
     # under autocast the layer casts its input: both devices run it
     with torch.autocast("cpu", dtype=torch.bfloat16):
         graph = trace_model(model, torch.ones(2, 4, dtype=torch.bfloat16, device="meta"), training_step=False)

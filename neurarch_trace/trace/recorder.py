@@ -23,7 +23,7 @@ import torch.nn.modules.module as _global_hooks
 from torch import nn
 
 import neurarch_trace.walk as walk
-from neurarch_trace.flops import FlopMode, flop_kind
+from neurarch_trace.flops import FlopMode, flop_kind, same_dtype_operands
 from neurarch_trace.mapping import count_params, is_passthrough, is_whole_layer, layer_spec
 from neurarch_trace.text import plural
 from neurarch_trace.trace.batch import BatchAxes, BatchSize
@@ -128,6 +128,8 @@ class Recorder:
         self.set_prov(t, frozenset((record.index,)))
         self._input_count = len(self.records)
         self.on_meta = self.on_meta or t.is_meta
+        if self.on_meta:  # the meta kernels of matrix products do not check dtypes
+            self.flop_mode.check = same_dtype_operands
 
     def finish(self, output: Any) -> Recording:
         """Record the output node (fed by the producers of every tensor in ``output``), give the
