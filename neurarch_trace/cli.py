@@ -180,6 +180,8 @@ def _trace_command(args: argparse.Namespace) -> int:
     specs = [parse_input(text) for text in input_texts]
     default_dtype = parse_dtype(trace.dtype_name())
     device = trace.build_device()
+    if args.output is not None and not args.output.strip():
+        raise NeurarchError("-o needs a file name, e.g. -o model.neurarch.json (or -o - for stdout)")
     out_path = check_output_path(args.output) if not to_stdout and args.output is not None else None
 
     progress = Progress()

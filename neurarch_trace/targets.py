@@ -277,7 +277,13 @@ def _offers(owner: Any) -> list[str]:
             names.append(name)
         elif inspect.isfunction(value) and value.__module__ == home:
             names.append(name)
-    return names[:12]
+    if len(names) > _SHOWN:  # a long list is cut, and says so
+        return names[:_SHOWN] + [f"and {len(names) - _SHOWN} more"]
+    return names
+
+
+#: How many of a module's models an error lists.
+_SHOWN = 12
 
 
 def _whole_message(exc: BaseException) -> str:

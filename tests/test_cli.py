@@ -264,6 +264,7 @@ class Net(nn.Module):
         (["good.py:needs_args", "--input", "1,4"], "calling needs_args() failed: TypeError"),
         (["good.py:Net", "--input", "1,x,4"], "--input '1,x,4': dimension 'x' is not a positive integer"),
         (["good.py:Net", "--input", "2,,4"], "--input '2,,4' has an empty dimension"),
+        (["good.py:Net", "--input", "1,4", "-o", ""], "-o needs a file name, e.g. -o model.neurarch.json"),
         # sizes no tensor can have: a one-line error, not PyTorch's overflow (a C++ traceback)
         (["good.py:Net", "--input", "1000000000000000000000000000000,4"],
          "4,000,000,000,000,000,000,000,000,000,000 elements are more than any tensor can hold"),
@@ -539,3 +540,12 @@ def test_a_model_attribute_shadowing_a_module_method(tmp_path, capfd):
     assert code == 0, err
     assert [c["type"] for c in json.loads((tmp_path / "g.json").read_text())["components"]] == [
         "input", "linear", "output"]
+
+
+def test_a_long_list_of_what_a_file_offers_says_it_is_cut(tmp_path, capfd):
+    (tmp_path / "many.py").write_text("from torch import nn\n" + "".join(
+        f"class M{i:02d}(nn.Module):\n    pass\n" for i in range(15)))
+    code, _, err = run(["many.py:Nope", "--input", "1,4"], tmp_path, capfd)
+    assert code == 1
+    assert err == ("neurarch-trace: many.py has no attribute 'Nope'; it offers "
+                   + ", ".join(f"M{i:02d}" for i in range(12)) + ", and 3 more\n")
