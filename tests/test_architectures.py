@@ -69,7 +69,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("arch", sorted(CASES))
+#: Architectures whose build and trace take seconds: the full run's (``-m slow``).
+SLOW_CASES = {"albert"}
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a in SLOW_CASES else a
+                                  for a in sorted(CASES)])
 def test_architecture(arch: str) -> None:
     make_config, make_inputs = CASES[arch]
     torch.manual_seed(0)

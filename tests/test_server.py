@@ -258,6 +258,7 @@ def test_other_content_types_and_methods(plan_server: str) -> None:
     assert_error(requests.get(plan_server + "/nowhere", timeout=30), 404, "not found")
 
 
+@pytest.mark.slow  # seconds of hostile graphs: the full run's
 def test_hostile_graph_answers_quickly_not_a_hang(plan_server: str) -> None:
     n = 8_000  # linear work is well under a second; anything quadratic would be minutes
     comps = [{"id": "in", "name": "in", "type": "input", "params": {}, "outputShape": [8]}]
@@ -340,6 +341,7 @@ def test_serve_bad_option_is_one_line(capsys: pytest.CaptureFixture) -> None:
                                        "without query or fragment\n")
 
 
+@pytest.mark.slow  # a service process started and stopped: the full run's
 def test_python_dash_m_serves(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -176,6 +176,7 @@ def test_x_forwarded_for_mints_no_bucket_unless_the_proxy_is_trusted(plan_server
     assert codes == [200, 200, 429]
 
 
+@pytest.mark.slow  # thousands of requests: the full run's
 def test_rate_limit_buckets_are_capped(plan_server_factory: Any) -> None:
     server = plan_server_factory(rate_limit=5, forwarded_allow_ips="127.0.0.1", rate_buckets_max=20)
     with requests.Session() as session:

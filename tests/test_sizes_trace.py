@@ -27,7 +27,7 @@ def _trace(config: dict) -> dict:
 
 
 @pytest.mark.parametrize("name, config", [
-    ("llama7b_meta2048", {}),
+    pytest.param("llama7b_meta2048", {}, marks=pytest.mark.slow),  # 2 s: the full run's
     pytest.param("llama3_70b_meta2048", LLAMA3_70B, marks=pytest.mark.slow),  # 4 s: the full run's
 ])
 def test_recorded_graph_matches_a_fresh_trace(name: str, config: dict) -> None:
