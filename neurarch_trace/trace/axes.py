@@ -34,7 +34,6 @@ are), two or more such axes are UNKNOWN, none is NO_BATCH.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 import torch
@@ -66,6 +65,9 @@ def known(state: State) -> bool:
     return isinstance(state, Merged) or (state is not None and state >= 0)
 
 
+_SEQUENCES = (list, tuple)
+
+
 class Call:
     """One torch function call: ``name``, ``args``, ``kwargs``, ``state_of(tensor)``, and the
     trace's batch size ``batch`` (for the rule on Python sizes only)."""
@@ -88,11 +90,15 @@ class Call:
         if self._pairs is not None:
             return self._pairs
         out = []
-        for value in list(self.args) + list(self.kwargs.values()):
-            items = value if isinstance(value, (list, tuple)) else (value,)
-            for item in items:
-                if isinstance(item, torch.Tensor):
-                    out.append((item, self.state_of(item)))
+        state_of = self.state_of
+        for values in (self.args, self.kwargs.values()) if self.kwargs else (self.args,):
+            for value in values:
+                if isinstance(value, torch.Tensor):
+                    out.append((value, state_of(value)))
+                elif type(value) in _SEQUENCES or isinstance(value, (list, tuple)):
+                    for item in value:
+                        if isinstance(item, torch.Tensor):
+                            out.append((item, state_of(item)))
         self._pairs = out
         return out
 
@@ -212,16 +218,28 @@ def _reshaped(x: torch.Tensor, state: State, out: torch.Tensor) -> State:
     an offset (the product of the sizes before it): the output axis at the same offset with that
     size carries it (a run of size-1 axes keeps its order); one at that offset whose size is a
     multiple carries it merged with what follows; anything else (the batch split) is UNKNOWN."""
-    shape, new = list(x.shape), list(out.shape)
+    shape, new = x.shape, out.shape
     axis, extent = (state.axis, state.extent) if isinstance(state, Merged) else (state, shape[state])
-    offset = math.prod(shape[:axis])
-    rank = sum(1 for j in range(axis) if math.prod(shape[:j]) == offset)  # size-1 axes just before
-    at = [q for q in range(len(new)) if math.prod(new[:q]) == offset]
+    before = _prefix_products(shape, axis)  # before[j]: the product of the sizes before axis j
+    offset = before[axis]
+    rank = sum(1 for j in range(axis) if before[j] == offset)  # size-1 axes just before
+    new_before = _prefix_products(new, len(new) - 1) if new else []
+    at = [q for q in range(len(new)) if new_before[q] == offset]
     plain = [q for q in at if new[q] == extent]
     if plain:
         return plain[min(rank, len(plain) - 1)]
     merged = [q for q in at if new[q] % extent == 0 and new[q] > extent]
     return Merged(merged[0], extent) if merged else UNKNOWN
+
+
+def _prefix_products(sizes: Sequence[int], last: int) -> List[int]:
+    """``[prod(sizes[:0]), prod(sizes[:1]), ..., prod(sizes[:last])]``, in one pass."""
+    out, p = [], 1
+    for j in range(last + 1):
+        out.append(p)
+        if j < len(sizes):
+            p *= sizes[j]
+    return out
 
 
 def _view(call: Call, out: torch.Tensor) -> State:
@@ -600,8 +618,13 @@ def follow(call: Call, func: Callable, outs: Sequence[torch.Tensor]) -> List[Sta
     extent is put back on the result (views read it themselves)."""
     rule = _RULES.get(call.name, broadcast)
     pairs = call.tensor_states()
-    extents = {s.extent for _, s in pairs if isinstance(s, Merged)}
-    plain_in = any(known(s) and not isinstance(s, Merged) for _, s in pairs)
+    extents = set()
+    plain_in = False
+    for _, s in pairs:
+        if type(s) is int:
+            plain_in = plain_in or s >= 0
+        elif isinstance(s, Merged):
+            extents.add(s.extent)
     if extents and rule is not _view:
         real = call.state_of
         call.state_of = lambda t: _axis(real(t))
