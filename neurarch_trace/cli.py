@@ -206,7 +206,7 @@ def _trace_command(args: argparse.Namespace) -> int:
         say(f"note: {line}")
     training = graph.get("measured", {}).get("training")
     if isinstance(training, dict) and training.get("error"):  # the trace stands; the plan estimates memory
-        say(f"training step not rehearsed, memory will be estimated from layer outputs: {training['error']}")
+        say(f"note: memory will be estimated from layer outputs: {training['error']}")
     if to_stdout:
         sys.stdout.write(dumps_graph(graph))
         sys.stdout.flush()

@@ -453,8 +453,8 @@ def test_a_forward_returning_none_says_so(tmp_path, capfd):
                         "output node is fed only by the layers whose results nothing used "
                         "(measured.syntheticConnections); return the outputs to connect them")
     # with no output there is no loss to train on: the step is not rehearsed, and the plan would estimate
-    assert lines[1] == ("neurarch-trace: training step not rehearsed, memory will be estimated from layer "
-                        "outputs: no output of the model depends on a trainable parameter, so there is no backward")
+    assert lines[1] == ("neurarch-trace: note: memory will be estimated from layer outputs: no output of the "
+                        "model depends on a trainable parameter, so there is no backward")
     assert lines[2] == "wrote ReturnsNone.neurarch.json (1 layer, 3 connections)"
 
 

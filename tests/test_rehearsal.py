@@ -139,8 +139,8 @@ def test_a_step_that_cannot_be_rehearsed_still_traces_and_says_why(tmp_path, cap
     assert code == 0
     lines = err.strip().splitlines()
     assert len(lines) == 2 and lines[1].startswith("wrote gate.neurarch.json")
-    assert lines[0].startswith("neurarch-trace: training step not rehearsed, memory will be estimated from "
-                               "layer outputs: the training step could not be rehearsed on the meta device "
+    assert lines[0].startswith("neurarch-trace: note: memory will be estimated from layer outputs: the training "
+                               "step could not be rehearsed on the meta device "
                                "(NotImplementedError: The register_meta function for torch.nonzero()")
     graph = json.loads((tmp_path / "gate.neurarch.json").read_text())
     plan = make_plan(graph)["plan"]
