@@ -136,9 +136,7 @@ def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Ten
             why = _cause_line(exc)
         del model
         if small:  # what a small model gets anyway without the step: its CPU trace, or the CPU's error
-            if settings["progress"] is not None:
-                settings["progress"].step("building the model on the CPU")
-            return _trace_on(opened, "cpu", specs, rng, settings)
+            return _retrace(opened, "cpu", specs, rng, settings, None, "")
     try:
         return _retrace(opened, "cpu", specs, rng, settings, note,
                         f"the meta device could not run this model ({why}); built and traced it on the CPU")

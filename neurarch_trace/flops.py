@@ -45,10 +45,6 @@ _aten = torch.ops.aten
 _LOCAL_SCALAR = _aten._local_scalar_dense.default
 
 
-def _sdpa_cpu_flops(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
-    return sdpa_flops(query.shape, key.shape, value.shape)
-
-
 def sdpa_flops(query: Any, key: Any, value: Any) -> int:
     """FLOPs of scaled dot-product attention on query, key and value shapes ``(..., length, head
     dim)`` (``(batch, heads, length, head dim)`` as a rule): the two batched matrix products,
@@ -63,10 +59,14 @@ def sdpa_flops(query: Any, key: Any, value: Any) -> int:
     return 2 * rows * s_q * int(key[-2]) * (d_q + int(value[-1]))
 
 
+def _sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return sdpa_flops(query.shape, key.shape, value.shape)
+
+
 # Formulas this module adds, keyed by op packet, with the same signature as the registry's.
 _EXTRA: dict[Any, Callable[..., int]] = {}
 if hasattr(_aten, "_scaled_dot_product_flash_attention_for_cpu"):
-    _EXTRA[_aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_cpu_flops
+    _EXTRA[_aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_flops
 
 
 def _vector_flops(a: Any, b: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
@@ -103,10 +103,6 @@ def _conv_flops(x: Any, weight: Any, *args: Any, out_val: Any = None, transposed
 
 def _conv_transpose_flops(x: Any, weight: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
     return _conv_flops(x, weight, out_val=out_val, transposed=True)
-
-
-def _sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
-    return sdpa_flops(query.shape, key.shape, value.shape)
 
 
 # Composite ops that reach a dispatch mode undecomposed when autograd is off (inference_mode).

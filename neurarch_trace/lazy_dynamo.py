@@ -107,23 +107,22 @@ def dynamo_left_unimported() -> Iterator[None]:
     Nests; thread-unsafe as PyTorch's own cache is. Nothing is done when ``torch._dynamo`` is
     imported already. Raises nothing of its own."""
     global _depth
-    if _depth or "torch._dynamo" in sys.modules:
-        _depth += 1
-        try:
-            yield
-        finally:
-            _depth -= 1
-        return
+    placed = [] if _depth or "torch._dynamo" in sys.modules else _place()
     _depth += 1
-    placed = []
     try:
-        for fn in _wrapped_functions():
-            if CACHE not in getattr(fn, "__dict__", {}):
-                setattr(fn, CACHE, fn)
-                placed.append(fn)
         yield
     finally:
         _depth -= 1
         for fn in placed:
-            if getattr(fn, "__dict__", {}).get(CACHE) is fn:
+            if fn.__dict__.get(CACHE) is fn:
                 delattr(fn, CACHE)
+
+
+def _place() -> List[Any]:
+    """Cache each wrapped function as its own disabled form where no cache is yet; returns them."""
+    placed = []
+    for fn in _wrapped_functions():
+        if CACHE not in fn.__dict__:
+            setattr(fn, CACHE, fn)
+            placed.append(fn)
+    return placed

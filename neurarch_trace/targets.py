@@ -115,12 +115,20 @@ def open_target(target: str, *, weights: bool = False, hf_class: str = "AutoMode
 
 def _attribute(module: Any, attr: str) -> Any:
     """What the dotted ``attr`` names in ``module``, or None when a part is missing (the build says so)."""
+    obj, _, missing = _follow(module, attr)
+    return None if missing is not None else obj
+
+
+def _follow(module: Any, attr: str) -> tuple:
+    """``(object, parts walked, missing part or None)`` along the dotted ``attr`` from ``module``."""
     obj = module
+    walked: list[str] = []
     for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
+        if not hasattr(obj, part):
+            return obj, walked, part
+        obj = getattr(obj, part)
+        walked.append(part)
+    return obj, walked, None
 
 
 def check_target_form(target: str) -> None:
@@ -204,16 +212,12 @@ def resolve_attribute(module: Any, attr: str, *, where: str) -> nn.Module:
         TargetError: a missing attribute (the message lists what the module offers), or a class or
             factory that raises or returns something that is not an ``nn.Module``.
     """
-    obj = module
-    walked: list[str] = []
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            offers = _offers(obj)
-            hint = f"; it offers {', '.join(offers)}" if offers else ""
-            owner = where if not walked else f"{where}:{'.'.join(walked)}"
-            raise TargetError(f"{owner} has no attribute {part!r}{hint}")
-        obj = getattr(obj, part)
-        walked.append(part)
+    obj, walked, missing = _follow(module, attr)
+    if missing is not None:
+        offers = _offers(obj)
+        hint = f"; it offers {', '.join(offers)}" if offers else ""
+        owner = where if not walked else f"{where}:{'.'.join(walked)}"
+        raise TargetError(f"{owner} has no attribute {missing!r}{hint}")
     return as_module(obj, label=f"{where}:{attr}")
 
 

@@ -13,7 +13,7 @@ Everything here that calls a method on a user's module calls the unbound ``nn.Mo
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 from torch import nn
 
@@ -73,8 +73,12 @@ def modules(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def _named_members(model: nn.Module, registry: str, recurse: bool) -> Iterator[Tuple[str, Any]]:
+    return _members(named_modules(model) if recurse else iter([("", model)]), registry)
+
+
+def _members(walked: Iterable[Tuple[str, nn.Module]], registry: str) -> Iterator[Tuple[str, Any]]:
+    """``(name, tensor)`` of each tensor in the ``registry`` of the ``(prefix, module)`` walked, once."""
     memo: set = set()
-    walked = named_modules(model) if recurse else iter([("", model)])
     for prefix, module in walked:
         for key, value in getattr(module, registry).items():
             if value is None or id(value) in memo:
@@ -132,21 +136,11 @@ class Tree:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.named_modules: List[Tuple[str, nn.Module]] = list(named_modules(model))
-        self.named_parameters: List[Tuple[str, nn.Parameter]] = []
-        self.named_buffers: List[Tuple[str, Any]] = []
-        for registry, out in (("_parameters", self.named_parameters), ("_buffers", self.named_buffers)):
-            memo: set = set()
-            for prefix, module in self.named_modules:
-                for key, value in getattr(module, registry).items():
-                    if value is not None and id(value) not in memo:
-                        memo.add(id(value))
-                        out.append(((f"{prefix}.{key}" if prefix else key), value))
+        #: ``model`` and every submodule once, pre-order.
+        self.modules: List[nn.Module] = [module for _, module in self.named_modules]
+        self.named_parameters: List[Tuple[str, nn.Parameter]] = list(_members(self.named_modules, "_parameters"))
+        self.named_buffers: List[Tuple[str, Any]] = list(_members(self.named_modules, "_buffers"))
         self._paths: Optional[List[Tuple[str, nn.Module]]] = None
-
-    @property
-    def modules(self) -> List[nn.Module]:
-        """``model`` and every submodule once, pre-order."""
-        return [module for _, module in self.named_modules]
 
     @property
     def paths(self) -> List[Tuple[str, nn.Module]]:

@@ -65,9 +65,6 @@ def known(state: State) -> bool:
     return isinstance(state, Merged) or (state is not None and state >= 0)
 
 
-_SEQUENCES = (list, tuple)
-
-
 class Call:
     """One torch function call: ``name``, ``args``, ``kwargs``, ``state_of(tensor)``, and the
     trace's batch size ``batch`` (for the rule on Python sizes only)."""
@@ -95,7 +92,7 @@ class Call:
             for value in values:
                 if isinstance(value, torch.Tensor):
                     out.append((value, state_of(value)))
-                elif type(value) in _SEQUENCES or isinstance(value, (list, tuple)):
+                elif isinstance(value, (list, tuple)):
                     for item in value:
                         if isinstance(item, torch.Tensor):
                             out.append((item, state_of(item)))
@@ -223,7 +220,7 @@ def _reshaped(x: torch.Tensor, state: State, out: torch.Tensor) -> State:
     before = _prefix_products(shape, axis)  # before[j]: the product of the sizes before axis j
     offset = before[axis]
     rank = sum(1 for j in range(axis) if before[j] == offset)  # size-1 axes just before
-    new_before = _prefix_products(new, len(new) - 1) if new else []
+    new_before = _prefix_products(new, len(new) - 1)
     at = [q for q in range(len(new)) if new_before[q] == offset]
     plain = [q for q in at if new[q] == extent]
     if plain:
@@ -233,12 +230,12 @@ def _reshaped(x: torch.Tensor, state: State, out: torch.Tensor) -> State:
 
 
 def _prefix_products(sizes: Sequence[int], last: int) -> List[int]:
-    """``[prod(sizes[:0]), prod(sizes[:1]), ..., prod(sizes[:last])]``, in one pass."""
+    """``[prod(sizes[:0]), prod(sizes[:1]), ..., prod(sizes[:last])]`` (``last`` < ``len(sizes)``),
+    in one pass."""
     out, p = [], 1
-    for j in range(last + 1):
+    for size in sizes[: last + 1]:
         out.append(p)
-        if j < len(sizes):
-            p *= sizes[j]
+        p *= size
     return out
 
 

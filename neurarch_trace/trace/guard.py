@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 from torch import nn
@@ -85,11 +85,11 @@ Registry = Dict[str, Any]
 class _Snapshot:
     """The state of one model before the trace (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, tree: Optional[walk.Tree] = None) -> None:
+    def __init__(self, tree: walk.Tree) -> None:
         self.modules: List[Tuple[nn.Module, Registry, Registry, Registry]] = []
         self.values: Dict[int, Tuple[torch.Tensor, torch.Tensor, int]] = {}
         self.versions: Dict[int, Tuple[str, torch.Tensor, int]] = {}
-        for qual, module in (tree.named_modules if tree is not None else walk.named_modules(model)):
+        for qual, module in tree.named_modules:
             library = _library_class(module)
             if not isinstance(module, torch.jit.ScriptModule):  # TorchScript rebinds nothing from Python
                 # the libraries' layers rebind no attribute in forward: only a user's classes' are kept
@@ -136,11 +136,11 @@ class _Snapshot:
 
 
 @contextlib.contextmanager
-def state_kept(model: nn.Module, tree: Optional[walk.Tree] = None) -> Iterator[None]:
-    """Within the block the forward may change the model's parameters, buffers and attributes;
-    after it (whatever happens) they are put back as the module docstring says. ``tree``: the
-    model's tree walked already."""
-    snapshot = _Snapshot(model, tree)
+def state_kept(tree: walk.Tree) -> Iterator[None]:
+    """Within the block the forward may change the parameters, buffers and attributes of the
+    model ``tree`` walked; after it (whatever happens) they are put back as the module docstring
+    says."""
+    snapshot = _Snapshot(tree)
     try:
         yield
     finally:

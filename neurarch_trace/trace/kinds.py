@@ -23,9 +23,9 @@ class LayerKinds:
     """Types layer calls of one model. ``lmHead`` needs to know the model's embedding weights and
     its ``get_output_embeddings()`` (transformers), read once here."""
 
-    def __init__(self, model: nn.Module, tree: Optional[walk.Tree] = None) -> None:
-        modules = tree.modules if tree is not None else walk.modules(model)
-        self._embedding_weights = {id(m.weight) for m in modules if isinstance(m, nn.Embedding)}
+    def __init__(self, tree: walk.Tree) -> None:
+        model = tree.model
+        self._embedding_weights = {id(m.weight) for m in tree.modules if isinstance(m, nn.Embedding)}
         out_emb = None
         get_out = getattr(model, "get_output_embeddings", None)
         if callable(get_out):

@@ -14,7 +14,6 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
-from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import neurarch_trace.walk as walk
@@ -36,8 +35,7 @@ class Provenance:
     of the model have a fixed key of their own (:attr:`tensors_by_key`).
     """
 
-    def __init__(self, model: nn.Module, tree: Optional[walk.Tree] = None) -> None:
-        tree = tree if tree is not None else walk.Tree(model)
+    def __init__(self, tree: walk.Tree) -> None:
         self._entries: Dict[int, Tuple[weakref.ref, frozenset]] = {}
         # parameters and buffers: id -> (provenance key, tensor)
         self._known: Dict[int, Tuple[str, torch.Tensor]] = {}

@@ -54,7 +54,8 @@ class Recorder:
     forward under :attr:`flow` with the hooks installed, then :meth:`finish`).
 
     Args:
-        model: the (unwrapped) model; its parameters and buffers get provenance keys.
+        tree: the (unwrapped) model's module tree, walked before the forward (``walk.Tree``); its
+            parameters and buffers get provenance keys.
         depth: stop descending at this depth (1 = the root's children); None descends to the leaves.
         batch_size: the first input's first dim, until a sequence-first layer says otherwise.
         root_name: the node name of the root when the root itself is a layer (the graph's name).
@@ -65,10 +66,9 @@ class Recorder:
     count no FLOP), and the record FLOPs are charged to.
     """
 
-    def __init__(self, model: nn.Module, *, depth: Optional[int], batch_size: int, root_name: str,
-                 samples: frozenset = frozenset(), tree: Optional[walk.Tree] = None) -> None:
-        tree = tree if tree is not None else walk.Tree(model)
-        self.model = model
+    def __init__(self, tree: walk.Tree, *, depth: Optional[int], batch_size: int, root_name: str,
+                 samples: frozenset = frozenset()) -> None:
+        self.model = tree.model
         self.tree = tree  # walked before the forward (see walk.Tree)
         # on the meta device the recorder checks what its kernels do not (see _check_meta_dtype)
         self.on_meta = any(p.is_meta for _, p in tree.named_parameters)
@@ -84,11 +84,11 @@ class Recorder:
         self.batch = BatchSize(batch_size)
         self.axes = BatchAxes(self.batch)
         self._samples = samples
-        self.stack = LayerStack(model, tree)
+        self.stack = LayerStack(tree)
         self.names = Names()
-        self.provenance = Provenance(model, tree)
+        self.provenance = Provenance(tree)
         self.ownership = Ownership(self.provenance.tensors_by_key)
-        self.kinds = LayerKinds(model, tree)
+        self.kinds = LayerKinds(tree)
         self.flow = FlowMode(self)
         self.flop_mode = FlopMode(self.on_flops, self.scalars)
         # closed-form FLOPs for known leaf layers (see .closed_form); a global forward hook would run

@@ -316,8 +316,8 @@ def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tupl
     batch_size = batch if batch is not None else int(tensors[0][1].shape[0])
 
     def new_recorder() -> Recorder:
-        recorder = Recorder(model, depth=depth, batch_size=batch_size, root_name=graph_name,
-                            samples=frozenset(samples), tree=tree)
+        recorder = Recorder(tree, depth=depth, batch_size=batch_size, root_name=graph_name,
+                            samples=frozenset(samples))
         for input_name, t in tensors:
             recorder.add_input(input_name, t)
         return recorder
@@ -327,13 +327,13 @@ def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tupl
         recorder = new_recorder()
         with model_warnings(lambda: recorder.running()):
             try:
-                with state_kept(model, tree):
+                with state_kept(tree):
                     output = _forward(recorder, model, args, kwargs, tensors, progress)
             except TraceError as exc:
                 if not (recorder.fast and _needs_autograd(exc.__cause__)):
                     raise
                 tree = walk.Tree(model)  # the first forward may have registered parameters (lazy layers)
                 recorder = new_recorder()  # the forward differentiates (torch.autograd.grad): again, with autograd
-                with state_kept(model, tree):
+                with state_kept(tree):
                     output = _forward(recorder, model, args, kwargs, tensors, progress, with_grad=True)
         return recorder.finish(output), output

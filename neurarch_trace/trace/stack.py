@@ -26,14 +26,14 @@ class LayerStack:
     """Frames of the running module calls: ``(SCOPE, qualname)``, ``(LAYER, record)`` or
     ``(SKIP, None)``, innermost last."""
 
-    def __init__(self, model: nn.Module, tree: Optional[walk.Tree] = None) -> None:
-        self._model = model
+    def __init__(self, tree: walk.Tree) -> None:
+        self._model = tree.model
         self._frames: List[Tuple[str, Any]] = []
         self._scopes: List[Tuple[str, nn.Module]] = []  # the scope frames' (qualname, module), innermost last
         # the path of each module under each parent (a module reached two ways has two paths)
         self._child_names: Dict[int, Dict[int, str]] = {}
         self._default_qual: Dict[int, str] = {}
-        for qual, mod in (tree.paths if tree is not None else walk.named_modules(model, remove_duplicate=False)):
+        for qual, mod in tree.paths:
             self._default_qual.setdefault(id(mod), qual)
             self._child_names[id(mod)] = {id(c): n for n, c in mod._modules.items() if c is not None}
 
