@@ -44,6 +44,9 @@ def count_params(module: nn.Module) -> int:
 
 def _scalar_or_list(value: Any) -> Any:
     """``kernelSize``/``stride``/``padding``: a number when every dim agrees, a list otherwise."""
+    if type(value) is tuple and value and all(type(v) is int for v in value):  # (3, 3): most layers
+        first = value[0]
+        return first if value.count(first) == len(value) else list(value)
     if isinstance(value, (tuple, list)):
         vals = [int(v) if not isinstance(v, str) else v for v in value]
         if vals and all(v == vals[0] for v in vals):
@@ -420,16 +423,29 @@ _NAMED_TABLE: dict[str, Callable[[Any], Spec]] = {
 _WHOLE: tuple[type, ...] = (nn.MultiheadAttention, nn.RNNBase)
 
 
+_LOOKED_UP: dict[type, Callable[[Any], Spec] | None] = {}
+
+
 def _lookup(mod: nn.Module) -> Callable[[Any], Spec] | None:
-    for cls in type(mod).__mro__:
+    """The spec function of ``mod``'s class (the answer depends on the class alone: cached)."""
+    cls = type(mod)
+    try:
+        return _LOOKED_UP[cls]
+    except KeyError:
+        fn = _LOOKED_UP[cls] = _find_spec(cls)
+        return fn
+
+
+def _find_spec(mod_cls: type) -> Callable[[Any], Spec] | None:
+    for cls in mod_cls.__mro__:
         fn = _TORCH_TABLE.get(cls)
         if fn is not None:
             return fn
         if cls is nn.Module:
             break
-    if not type(mod).__module__.startswith(_THIRD_PARTY):
+    if not mod_cls.__module__.startswith(_THIRD_PARTY):
         return None  # a user's own class named RMSNorm is not trusted to be one: never guess
-    name = type(mod).__name__
+    name = mod_cls.__name__
     fn = _NAMED_TABLE.get(name)
     if fn is not None:
         return fn

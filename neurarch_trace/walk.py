@@ -67,13 +67,32 @@ def named_modules(model: nn.Module, remove_duplicate: bool = True) -> Iterator[T
 
 
 def modules(model: nn.Module) -> Iterator[nn.Module]:
-    """``model`` and every submodule once, pre-order, as ``model.modules()``."""
-    for _, module in named_modules(model):
+    """``model`` and every submodule once, pre-order, as ``model.modules()`` (the walk of
+    :func:`named_modules` without making the paths)."""
+    memo: set = set()
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in memo:
+            continue
+        memo.add(id(module))
         yield module
+        stack.extend(reversed([child for child in module._modules.values() if child is not None]))
 
 
 def _named_members(model: nn.Module, registry: str, recurse: bool) -> Iterator[Tuple[str, Any]]:
     return _members(named_modules(model) if recurse else iter([("", model)]), registry)
+
+
+def _unnamed_members(model: nn.Module, registry: str, recurse: bool) -> Iterator[Any]:
+    """Each tensor in the ``registry`` of ``model`` (and its submodules with ``recurse``) once, in
+    the order of :func:`_members`, without making the names."""
+    memo: set = set()
+    for module in modules(model) if recurse else (model,):
+        for value in getattr(module, registry).values():
+            if value is not None and id(value) not in memo:
+                memo.add(id(value))
+                yield value
 
 
 def _members(walked: Iterable[Tuple[str, nn.Module]], registry: str) -> Iterator[Tuple[str, Any]]:
@@ -94,8 +113,7 @@ def named_parameters(model: nn.Module, recurse: bool = True) -> Iterator[Tuple[s
 
 def parameters(model: nn.Module, recurse: bool = True) -> Iterator[nn.Parameter]:
     """Each ``nn.Parameter`` once, as ``model.parameters()``."""
-    for _, p in named_parameters(model, recurse):
-        yield p
+    return _unnamed_members(model, "_parameters", recurse)
 
 
 def named_buffers(model: nn.Module, recurse: bool = True) -> Iterator[Tuple[str, Any]]:
@@ -105,8 +123,7 @@ def named_buffers(model: nn.Module, recurse: bool = True) -> Iterator[Tuple[str,
 
 def buffers(model: nn.Module, recurse: bool = True) -> Iterator[Any]:
     """Each buffer tensor once, as ``model.buffers()``."""
-    for _, b in named_buffers(model, recurse):
-        yield b
+    return _unnamed_members(model, "_buffers", recurse)
 
 
 def set_training(model: nn.Module, mode: bool) -> None:
@@ -146,5 +163,8 @@ class Tree:
     def paths(self) -> List[Tuple[str, nn.Module]]:
         """``(path, module)`` for every path to every module, as ``named_modules(model, False)``."""
         if self._paths is None:
-            self._paths = list(named_modules(self.model, remove_duplicate=False))
+            children = sum(1 for m in self.modules for c in m._modules.values() if c is not None)
+            # every module reached once (no module registered twice): the paths are the walk's
+            shared = children != len(self.modules) - 1
+            self._paths = list(named_modules(self.model, remove_duplicate=False)) if shared else self.named_modules
         return self._paths

@@ -66,6 +66,12 @@ class RawShape(tuple):
         return super().__new__(cls, (shape, state))
 
 
+def _raw(shape: tuple, state: State) -> RawShape:
+    """``RawShape(shape, state)`` without the Python ``__new__`` (the layer hooks make one per
+    tensor)."""
+    return tuple.__new__(RawShape, (shape, state))
+
+
 def strip(raw: Optional[RawShape]) -> Tuple[List[int], bool]:
     """``(shape without its batch axis, whether the batch axis was unknown)``: the axis of the
     state removed (a merged axis divided by the batch's extent); a tensor without a batch, or one
@@ -179,7 +185,7 @@ class BatchSize:
 
 
 class BatchAxes:
-    """The batch state of every live tensor of the trace (weak references, as
+    """The batch state of every live tensor of the trace (weak references without callbacks, as
     :class:`~.provenance.Provenance` keeps them); a tensor never seen (a parameter, a constant, a
     tensor made from constants) has none (NO_BATCH)."""
 
@@ -205,12 +211,12 @@ class BatchAxes:
         states = self._states
         if state == NO_BATCH and key not in states:
             return
-        states[key] = (weakref.KeyedRef(t, self._drop, key), state)
+        states[key] = (weakref.ref(t), state)
 
-    def _drop(self, ref: weakref.KeyedRef) -> None:
-        current = self._states.get(ref.key)
-        if current is not None and current[0] is ref:
-            del self._states[ref.key]
+    def seen(self, t: torch.Tensor) -> bool:
+        """Whether a state was recorded for ``t`` (this tensor, not a freed one at its address)."""
+        entry = self._states.get(id(t))
+        return entry is not None and entry[0]() is t
 
     def refine(self, t: torch.Tensor, state: State) -> None:
         """A merge explained the lost batch state of ``t``: record it, and on the layer output
@@ -223,7 +229,7 @@ class BatchAxes:
 
     def shape(self, t: torch.Tensor, state: Any = False) -> RawShape:
         """The raw shape of ``t`` with its state (or ``state`` when given)."""
-        return RawShape(tuple(t.shape), self.of(t) if state is False else state)
+        return _raw(tuple(t.shape), self.of(t) if state is False else state)
 
     # --- inputs ---------------------------------------------------------------------------------
     def add_input(self, record: Any, t: torch.Tensor, is_sample: bool) -> RawShape:
@@ -250,8 +256,8 @@ class BatchAxes:
                outs: List[torch.Tensor]) -> None:
         """Give the outputs of one torch function between layers their states (in-place results
         keep theirs)."""
-        states = self._states
-        if not outs or (name not in _SIZING and not any(id(t) in states for t in ins)):
+        seen = self.seen
+        if not outs or (name not in _SIZING and not any(seen(t) for t in ins)):
             return  # no tensor out (x.shape), or nothing batched in: nothing batched out
         if name == "__get__":
             name = getattr(getattr(func, "__self__", None), "__name__", name)
@@ -267,43 +273,47 @@ class BatchAxes:
             self.set(out, sized_state([int(d) for d in out.shape], self._batch.value))
 
     # --- layers ---------------------------------------------------------------------------------
-    def _fixed(self, module: nn.Module, index: int, ndim: int, is_output: bool) -> Optional[int]:
-        """:func:`known_batch_axis`, with the answer "none, for any tensor" cached per module."""
+    def _free_of(self, module: nn.Module) -> bool:
+        """Whether the type of ``module`` fixes no batch axis (every one but the sequence-first
+        kinds: :func:`known_batch_axis` is None for any tensor), cached per module."""
         free = self._free.get(id(module))
         if free is None:
             target = inner(module)
             free = self._free[id(module)] = not (
                 is_recurrent(target) or isinstance(target, nn.MultiheadAttention)
                 or type(target).__name__.startswith("Transformer"))
-        return None if free else known_batch_axis(module, index, ndim, is_output)
+        return free
 
     def layer_input(self, module: nn.Module, t: torch.Tensor) -> RawShape:
         """The raw shape of the first input of a layer: the layer's own axis when it fixes one."""
-        axis = self._fixed(module, 0, t.dim(), False)
-        return self.shape(t, axis if axis is not None else False)
+        axis = None if self._free_of(module) else known_batch_axis(module, 0, t.dim(), False)
+        return _raw(tuple(t.shape), self.of(t) if axis is None else axis)
 
     def layer_outputs(self, module: nn.Module, kind: str, ins: List[torch.Tensor],
                       outs: List[torch.Tensor]) -> List[RawShape]:
         """Give a layer's outputs their states (see the module docstring); their raw shapes."""
-        lead, lead_state = self._leading(module, kind, ins)
-        shapes = []
+        free = self._free_of(module)
+        lead, lead_state = self._leading(module, free, kind, ins)
+        shapes: List[RawShape] = []
         for i, out in enumerate(outs):
-            state = self._fixed(module, i, out.dim(), True)
+            state = None if free else known_batch_axis(module, i, out.dim(), True)
             if state is None:
                 state = _inherit(lead, lead_state, out)
             self.set(out, state)
             if state is UNKNOWN:
                 self._pending[id(out)] = (weakref.ref(out), shapes, len(shapes))
-            shapes.append(self.shape(out, state))
+            shapes.append(_raw(tuple(out.shape), state))
         return shapes
 
-    def _leading(self, module: nn.Module, kind: str, ins: List[torch.Tensor]) -> Tuple[Optional[torch.Tensor], State]:
+    def _leading(self, module: nn.Module, free: bool, kind: str,
+                 ins: List[torch.Tensor]) -> Tuple[Optional[torch.Tensor], State]:
         if kind == "rope" and len(ins) >= 2:
             ins = ins[1:2]  # rotary tables follow the position ids, not the hidden states
         states = []
+        of = self.of
         for i, t in enumerate(ins):
-            axis = self._fixed(module, i, t.dim(), False)
-            state = axis if axis is not None else self.of(t)
+            axis = None if free else known_batch_axis(module, i, t.dim(), False)
+            state = of(t) if axis is None else axis
             if known(state):
                 return t, state
             states.append(state)

@@ -178,16 +178,21 @@ def closed_form(module: nn.Module, args: tuple, kwargs: dict) -> Optional[Formul
         return None
     if len(module._forward_pre_hooks) != 1 or len(module._forward_hooks) != 1 or "forward" in module.__dict__:
         return None
-    first = None
-    for t in iter_tensors(args):
-        if not _plain(t):
+    if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):  # most calls: one tensor
+        first = args[0]
+        if not _plain(first):
             return None
+    else:
+        first = None
+        for t in iter_tensors(args):
+            if not _plain(t):
+                return None
+            if first is None:
+                first = t
         if first is None:
-            first = t
-    if first is None:
-        return None
-    if kwargs and not all(_plain(t) for t in iter_tensors(kwargs)):
-        return None
+            return None
+        if kwargs and not all(_plain(t) for t in iter_tensors(kwargs)):
+            return None
     for t in module._parameters.values():
         if t is not None and not _plain(t):
             return None

@@ -73,13 +73,21 @@ def _has_values(t: Any) -> bool:
 _LIBRARIES = ("torch.", "transformers.")
 
 
+_LIBRARY_TYPES: Dict[type, bool] = {}
+
+
 def _library_class(module: nn.Module) -> bool:
-    return type(module).__module__.startswith(_LIBRARIES)
+    cls = type(module)
+    library = _LIBRARY_TYPES.get(cls)
+    if library is None:
+        library = _LIBRARY_TYPES[cls] = cls.__module__.startswith(_LIBRARIES)
+    return library
 
 
 _SKIP_ATTRS = frozenset({"training", "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
 
 Registry = Dict[str, Any]
+_EMPTY: Registry = {}  # shared, never written: a module with nothing of a kind to put back
 
 
 class _Snapshot:
@@ -88,21 +96,24 @@ class _Snapshot:
     def __init__(self, tree: walk.Tree) -> None:
         self.modules: List[Tuple[nn.Module, Registry, Registry, Registry]] = []
         self.values: Dict[int, Tuple[torch.Tensor, torch.Tensor, int]] = {}
-        self.versions: Dict[int, Tuple[str, torch.Tensor, int]] = {}
+        # the library layers' parameters: id -> (module path, name, tensor, version); named if moved
+        self.versions: Dict[int, Tuple[str, str, torch.Tensor, int]] = {}
+        versions = self.versions
         for qual, module in tree.named_modules:
             library = _library_class(module)
+            params, buffers = module._parameters, module._buffers
             if not isinstance(module, torch.jit.ScriptModule):  # TorchScript rebinds nothing from Python
                 # the libraries' layers rebind no attribute in forward: only a user's classes' are kept
-                attrs = {} if library else {k: v for k, v in vars(module).items() if k not in _SKIP_ATTRS}
-                self.modules.append((module, dict(module._parameters), dict(module._buffers), attrs))
-            copy_params = not library
-            for t in module._buffers.values():
+                attrs = _EMPTY if library else {k: v for k, v in vars(module).items() if k not in _SKIP_ATTRS}
+                self.modules.append((module, dict(params) if params else _EMPTY, dict(buffers) if buffers else _EMPTY,
+                                     attrs))
+            for t in buffers.values():
                 self._keep(t)
-            for name, t in module._parameters.items():
-                if copy_params:
+            for name, t in params.items():
+                if not library:
                     self._keep(t)
-                elif _has_values(t) and id(t) not in self.versions:
-                    self.versions[id(t)] = (f"{qual}.{name}" if qual else name, t, t._version)
+                elif id(t) not in versions and _has_values(t):
+                    versions[id(t)] = (qual, name, t, t._version)
 
     def _keep(self, t: Any) -> None:
         if _has_values(t) and id(t) not in self.values:
@@ -115,17 +126,19 @@ class _Snapshot:
                 for name, t in before.items():
                     if registry.get(name) is not t:
                         registry[name] = t
-            current = vars(module)
-            for key, value in attrs.items():
-                if key in current and current[key] is not value:
-                    current[key] = value
+            if attrs:
+                current = vars(module)
+                for key, value in attrs.items():
+                    if key in current and current[key] is not value:
+                        current[key] = value
         with torch.no_grad():
             for t, copy, version in self.values.values():
-                if (t.shape, t.dtype, t.device) != (copy.shape, copy.dtype, copy.device):
+                if t.shape != copy.shape or t.dtype != copy.dtype or t.device != copy.device:
                     t.data = copy  # rebound through .data: the old storage back
                 elif t._version != version or not torch.equal(t, copy):
                     t.copy_(copy)
-        moved = [name for name, t, version in self.versions.values() if t._version != version]
+        moved = [f"{qual}.{name}" if qual else name
+                 for qual, name, t, version in self.versions.values() if t._version != version]
         if moved:
             warnings.warn(
                 f"the forward wrote {len(moved)} parameter(s) of PyTorch or transformers layers in place "

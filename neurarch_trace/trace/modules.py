@@ -54,19 +54,21 @@ def inner(module: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def opaque_script_modules(model: nn.Module) -> Iterator[None]:
-    """Within the block, every TorchScript child of a Python module is replaced by an
-    :class:`Opaque` wrapper; the children are put back on the way out, whatever happens."""
+def opaque_script_modules(tree: walk.Tree) -> Iterator[walk.Tree]:
+    """Within the block, every TorchScript child of a Python module of ``tree`` (walked before)
+    is replaced by an :class:`Opaque` wrapper; the children are put back on the way out, whatever
+    happens. Yields the tree with the wrappers in: ``tree`` itself when the model holds no
+    TorchScript child, else the model walked again."""
     swapped: List[Tuple[nn.Module, str, nn.Module]] = []
     try:
-        for parent in list(walk.modules(model)):
+        for parent in tree.modules:
             if isinstance(parent, torch.jit.ScriptModule):
                 continue
             for name, child in list(parent._modules.items()):
                 if isinstance(child, torch.jit.ScriptModule):
                     parent._modules[name] = Opaque(child)
                     swapped.append((parent, name, child))
-        yield
+        yield walk.Tree(tree.model) if swapped else tree
     finally:
         for parent, name, child in swapped:
             parent._modules[name] = child

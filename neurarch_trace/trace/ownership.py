@@ -83,13 +83,13 @@ def model_totals(model: nn.Module) -> Dict[str, Any]:
     """Unique parameters (each ``nn.Parameter`` once), trainable ones, their bytes, and buffers
     with their bytes, from ``model.parameters()``/``model.buffers()``."""
     params = trainable = param_bytes = buffers = buffer_bytes = 0
-    tree = walk.Tree(model)  # after the forward: a lazy layer's parameters are there now
-    for _, p in tree.named_parameters:  # each Parameter once
+    # walked after the forward: a lazy layer's parameters are there now
+    for p in walk.parameters(model):  # each Parameter once
         params += p.numel()
         param_bytes += p.numel() * p.element_size()
         if p.requires_grad:
             trainable += p.numel()
-    for _, b in tree.named_buffers:
+    for b in walk.buffers(model):
         buffers += b.numel()
         buffer_bytes += b.numel() * b.element_size()
     return {

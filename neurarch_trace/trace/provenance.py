@@ -30,9 +30,11 @@ EMPTY: frozenset = frozenset()
 class Provenance:
     """The provenance keys of live tensors (see the module docstring).
 
-    Entries are keyed by ``id(tensor)`` and hold a weak reference, so a freed tensor's entry goes
-    with it and a new tensor at the same address is never mistaken for it. Parameters and buffers
-    of the model have a fixed key of their own (:attr:`tensors_by_key`).
+    Entries are keyed by ``id(tensor)`` and hold a weak reference without a callback (the cheapest
+    kind: one per tensor, shared): a new tensor at the same address as a freed one is never
+    mistaken for it, as the reference is dead, and a freed tensor's entry stays until the trace
+    ends (one small tuple per tensor the trace followed). Parameters and buffers of the model have
+    a fixed key of their own (:attr:`tensors_by_key`).
     """
 
     def __init__(self, tree: walk.Tree) -> None:
@@ -58,18 +60,7 @@ class Provenance:
 
     def set(self, t: torch.Tensor, prov: frozenset) -> None:
         """Record ``prov`` as the provenance of ``t``."""
-        key = id(t)
-        entries = self._entries
-
-        def _drop(ref: weakref.ref, key: int = key) -> None:
-            current = entries.get(key)
-            if current is not None and current[0] is ref:
-                del entries[key]
-
-        try:
-            entries[key] = (weakref.ref(t, _drop), prov)
-        except TypeError:  # pragma: no cover - tensors always support weak references
-            pass
+        self._entries[id(t)] = (weakref.ref(t), prov)
 
 
 class FlowMode(TorchFunctionMode):

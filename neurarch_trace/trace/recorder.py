@@ -36,7 +36,7 @@ from neurarch_trace.trace.ownership import Ownership, packed_param_count
 from neurarch_trace.trace.provenance import EMPTY, FlowMode, Provenance
 from neurarch_trace.trace.records import LayerCall, Recording
 from neurarch_trace.trace.stack import LAYER, LayerStack, Names
-from neurarch_trace.trace.tensors import dtype_name, iter_tensors, output_tensors, unique_tensors
+from neurarch_trace.trace.tensors import call_tensors, dtype_name, iter_tensors, output_tensors, unique_tensors
 
 __all__ = ["Recorder"]
 
@@ -45,6 +45,7 @@ _NO_TENSOR_RESULT = frozenset({int, float, bool, str, torch.Size, torch.dtype, t
 #: Layers whose CPU and CUDA kernels refuse an input of another dtype than their weight
 #: (``mat1 and mat2 must have the same dtype``), which the meta kernels let through.
 _SAME_DTYPE = (nn.Linear, nn.Bilinear)
+_NOT_RUNNING = (None, None, [])
 #: Modules whose forward checks the grad mode (fused inference fast paths).
 _GRAD_SENSITIVE = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 
@@ -96,6 +97,8 @@ class Recorder:
         self.fast = fast_paths_enabled() and not (_global_hooks._global_forward_hooks
                                                   or _global_hooks._global_forward_pre_hooks)
         self._closed: Optional[Formula] = None  # the running layer's closed form, if it has one
+        # the running layer's (args, kwargs, their tensors), read in the pre-hook (layers do not nest)
+        self._running: tuple = _NOT_RUNNING
         # torch functions the FLOP mode steps aside for between layers (none on the reference path)
         self.zero_flop_functions = ZERO_FLOP_FUNCTIONS if self.fast else frozenset()
         self._grad_modes: List[bool] = []  # grad modes to put back after grad-sensitive modules
@@ -281,16 +284,15 @@ class Recorder:
     def _new_layer(self, module: nn.Module, qual: str, args: tuple, kwargs: dict) -> LayerCall:
         """The record of a layer call, with what must be read while the call runs (its inputs'
         provenance and shapes); :meth:`_settle` does the rest after the forward."""
-        tensors = list(iter_tensors(args))
-        if kwargs:
-            tensors.extend(iter_tensors(kwargs))
+        tensors = call_tensors(args, kwargs)
+        self._running = (args, kwargs, tensors)  # the post-hook's, unless another pre-hook replaced them
         if tensors and self.on_meta:
             _check_meta_dtype(module, qual or self.root_name, tensors[0])
         record = LayerCall(index=len(self.records), type="customModule", module=module, qualname=qual)
         self.records.append(record)
         provs = [self.prov_of(t) for t in tensors]
         if tensors:
-            if self.batch.learn(inner(module), tensors[0], provs[0], self.records):
+            if self.batch.learn(module, tensors[0], provs[0], self.records):
                 self.axes.relearn(tensors[0], 1)
             record.input_shape = self.axes.layer_input(module, tensors[0])
         self._pending.append((record, provs))
@@ -357,16 +359,19 @@ class Recorder:
                       formula: Optional[Formula]) -> None:
         outs = unique_tensors(output)
         key = frozenset((record.index,))
-        ins = list(iter_tensors(args)) + list(iter_tensors(kwargs))
+        seen_args, seen_kwargs, ins = self._running
+        self._running = _NOT_RUNNING
+        if args is not seen_args or kwargs is not seen_kwargs:
+            ins = call_tensors(args, kwargs)
         record.output_shapes = self.axes.layer_outputs(module, self._axes_kind(module, ins), ins, outs)
+        set_prov = self.set_prov
         for t in outs:
             record.output_bytes += t.numel() * t.element_size()
-            self.set_prov(t, key)
+            set_prov(t, key)
         if outs:
             record.output_dtype = outs[0].dtype  # its name in _settle
-        if formula is not None:
-            x = next(iter_tensors(args))
-            self._closed_flops[record.index] = (formula, x.shape, outs[0].shape if outs else None)
+        if formula is not None:  # a closed form reads the first positional tensor (closed_form's)
+            self._closed_flops[record.index] = (formula, ins[0].shape, outs[0].shape if outs else None)
         else:
             before = record.flops
             apply_node_formula(record, module, args, outs)
@@ -427,7 +432,12 @@ class Recorder:
             self.flops_by_kind[kind] = self.flops_by_kind.get(kind, 0) + flops
         sink = self._sink
         if flops is None:
-            (sink.uncounted if sink is not None else self.functional_uncounted).add(op)
+            if sink is None:
+                self.functional_uncounted.add(op)
+            else:
+                if type(sink.uncounted) is frozenset:  # the record's first (see LayerCall)
+                    sink.uncounted = set()
+                sink.uncounted.add(op)
         elif sink is not None:
             sink.flops += flops
         else:

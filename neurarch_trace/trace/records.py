@@ -9,7 +9,7 @@ counts in elements.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Set
+from typing import AbstractSet, Any, Dict, List, Optional, Set
 
 from torch import nn
 
@@ -21,9 +21,15 @@ def key_order(key: Any) -> tuple:
     return (0, key, "") if isinstance(key, int) else (1, 0, str(key))
 
 
-@dataclasses.dataclass
+_NONE: frozenset = frozenset()
+
+
 class LayerCall:
     """One node of the graph being recorded: an input, a layer call, a merge, or the output.
+
+    A slotted class, not a dataclass: the hooks make one per layer call, between the model's
+    kernels; it holds no container it may never need (``params`` is None until typed, ``uncounted``
+    a shared empty frozenset until an operation without a formula runs in it).
 
     Fields:
         index: position in the recording, which is also the node's id (``n{index}``).
@@ -55,29 +61,40 @@ class LayerCall:
             not be followed (``inputShape``, ``outputShapes.0``, ``inputShapes.1``, ``outputShape``).
     """
 
-    index: int
-    type: str
-    name: str = ""
-    params: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    scope: Optional[str] = None
-    sources: Dict[Any, None] = dataclasses.field(default_factory=dict)
-    input_shape: Any = None
-    output_shapes: List[Any] = dataclasses.field(default_factory=list)
-    output_dtype: Optional[str] = None
-    output_bytes: int = 0
-    own_params: int = 0
-    own_buffers: int = 0
-    packed_params: int = 0
-    shared_with: Optional[int] = None
-    flops: int = 0
-    uncounted: Set[str] = dataclasses.field(default_factory=set)
-    module: Optional[nn.Module] = None
-    qualname: str = ""
-    operand_shapes: Optional[List[Any]] = None
-    param_operands: Optional[List[Dict[str, Any]]] = None
-    traced_shape: Optional[List[int]] = None
-    traced_dtype: Optional[str] = None
-    batch_unknown: List[str] = dataclasses.field(default_factory=list)
+    __slots__ = (
+        "index", "type", "name", "params", "scope", "sources", "input_shape", "output_shapes", "output_dtype",
+        "output_bytes", "own_params", "own_buffers", "packed_params", "shared_with", "flops", "uncounted", "module",
+        "qualname", "operand_shapes", "param_operands", "traced_shape", "traced_dtype", "batch_unknown",
+    )
+
+    def __init__(self, index: int, type: str, name: str = "", module: Optional[nn.Module] = None,
+                 qualname: str = "") -> None:
+        self.index = index
+        self.type = type
+        self.name = name
+        self.params: Optional[Dict[str, Any]] = None
+        self.scope: Optional[str] = None
+        self.sources: Dict[Any, None] = {}
+        self.input_shape: Any = None
+        self.output_shapes: List[Any] = []
+        self.output_dtype: Any = None
+        self.output_bytes = 0
+        self.own_params = 0
+        self.own_buffers = 0
+        self.packed_params = 0
+        self.shared_with: Optional[int] = None
+        self.flops = 0
+        self.uncounted: AbstractSet[str] = _NONE
+        self.module = module
+        self.qualname = qualname
+        self.operand_shapes: Optional[List[Any]] = None
+        self.param_operands: Optional[List[Dict[str, Any]]] = None
+        self.traced_shape: Optional[List[int]] = None
+        self.traced_dtype: Optional[str] = None
+        self.batch_unknown: Optional[List[str]] = None
+
+    def __repr__(self) -> str:
+        return f"LayerCall(index={self.index}, type={self.type!r}, name={self.name!r})"
 
     def add_sources(self, keys: frozenset) -> None:
         """Add the record indices in ``keys`` to :attr:`sources`, in :func:`key_order`."""

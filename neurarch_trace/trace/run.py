@@ -322,8 +322,8 @@ def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tupl
             recorder.add_input(input_name, t)
         return recorder
 
-    with fast_paths_off(), opaque_script_modules(model):
-        tree = walk.Tree(model)  # inside: the module tree with the scripted parts wrapped, walked once
+    # the module tree with the scripted parts wrapped, walked once (twice with TorchScript parts)
+    with fast_paths_off(), opaque_script_modules(walk.Tree(model)) as tree:
         recorder = new_recorder()
         with model_warnings(lambda: recorder.running()):
             try:

@@ -35,11 +35,16 @@ def _slug(name: str) -> str:
     return out or "model"
 
 
-def _stripped(raw: Any, field: str, unknown: List[str]) -> List[int]:
-    shape, lost = strip(raw)
-    if lost:
-        unknown.append(field)
-    return shape
+def _stripped(raws: List[Any], field: str, unknown: List[str]) -> List[List[int]]:
+    """The shapes of ``raws`` without their batch axis; ``field.format(i)`` of each one whose
+    batch axis was unknown appended to ``unknown``."""
+    shapes = []
+    for i, raw in enumerate(raws):
+        shape, lost = strip(raw)
+        if lost:
+            unknown.append(field.format(i))
+        shapes.append(shape)
+    return shapes
 
 
 def _strip_batch(records: List[LayerCall]) -> None:
@@ -48,13 +53,11 @@ def _strip_batch(records: List[LayerCall]) -> None:
     for record in records:
         unknown: List[str] = []
         if record.input_shape is not None:
-            record.input_shape = _stripped(record.input_shape, "inputShape", unknown)
-        out_field = "outputShape" if record.type == "input" else "outputShapes.{}"
-        record.output_shapes = [_stripped(raw, out_field.format(i), unknown)
-                                for i, raw in enumerate(record.output_shapes)]
+            record.input_shape = _stripped([record.input_shape], "inputShape", unknown)[0]
+        record.output_shapes = _stripped(record.output_shapes,
+                                         "outputShape" if record.type == "input" else "outputShapes.{}", unknown)
         if record.operand_shapes is not None:
-            record.operand_shapes = [_stripped(raw, f"inputShapes.{i}", unknown)
-                                     for i, raw in enumerate(record.operand_shapes)]
+            record.operand_shapes = _stripped(record.operand_shapes, "inputShapes.{}", unknown)
         if record.type == "input":
             record.params = {"shape": record.output_shapes[0]}
         record.batch_unknown = unknown
@@ -123,7 +126,7 @@ def _component(record: LayerCall, ids: Sequence[str], position: Dict[str, int],
     comp: Dict[str, Any] = {"id": ids[record.index], "name": record.name, "type": record.type}
     if record.scope:
         comp["scope"] = record.scope
-    comp["params"] = record.params
+    comp["params"] = record.params if record.params is not None else {}
     if record.type != "input" and record.input_shape and _positive(record.input_shape):
         comp["inputShape"] = record.input_shape
     first_out = record.output_shapes[0] if record.output_shapes else None

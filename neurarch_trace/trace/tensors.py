@@ -10,7 +10,8 @@ import torch
 
 from neurarch_trace.text import shape_text
 
-__all__ = ["dtype_name", "iter_tensors", "named_tensors", "output_tensors", "tensor_text", "unique_tensors"]
+__all__ = ["call_tensors", "dtype_name", "iter_tensors", "named_tensors", "output_tensors", "tensor_text",
+           "unique_tensors"]
 
 #: Nesting depth past which containers are not looked into.
 MAX_DEPTH = 8
@@ -18,9 +19,15 @@ MAX_DEPTH = 8
 _ATOMS = frozenset({str, bytes, int, float, bool, complex, type(None), type(Ellipsis), slice})
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``."""
-    return str(dtype).replace("torch.", "")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
 
 
 def tensor_text(t: torch.Tensor) -> str:
@@ -58,10 +65,23 @@ def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
             yield from iter_tensors(getattr(obj, field.name, None), depth + 1)
 
 
+def call_tensors(args: tuple, kwargs: dict) -> list:
+    """The tensors of a call's positional, then keyword arguments (:func:`iter_tensors` of each),
+    as a list; one tensor argument and no keywords (most layer calls) without the walk."""
+    if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):
+        return [args[0]]
+    tensors = list(iter_tensors(args))
+    if kwargs:
+        tensors.extend(iter_tensors(kwargs))
+    return tensors
+
+
 def unique_tensors(obj: Any) -> list:
     """The tensors of :func:`iter_tensors`, each once (by identity), in first-seen order: a
     tensor a result holds twice (``torch.distributions.Categorical`` keeps ``logits`` and
     ``_param`` as one tensor, a forward returning ``(h, [h1, h])``) is one output."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
     seen: set = set()
     out = []
     for t in iter_tensors(obj):
