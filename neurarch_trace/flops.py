@@ -295,6 +295,18 @@ class FlopMode(TorchDispatchMode):
         while self._popped:
             self.resume()
 
+    def call_outside(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``func(*args, **kwargs)`` with this mode off the dispatch stack when it is on top
+        (:meth:`suspend` and :meth:`resume` around one call, in one frame)."""
+        depth = torch._C._len_torch_dispatch_stack()
+        if depth > 0 and torch._C._get_dispatch_stack_at(depth - 1) is self:
+            torch._C._pop_torch_dispatch_stack(None)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                torch._C._push_on_torch_dispatch_stack(self)
+        return func(*args, **kwargs)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
             kwargs = {}

@@ -26,6 +26,11 @@ aligned position; when no operand's batch axis survives that way, PyTorch's own 
 again on shape-only (meta) copies with the batch axis resized (:func:`probe`), and an output axis
 that follows the resize is the batch.
 
+What a rule reads of a call is its function, its arguments' values (Python numbers, strings,
+sizes, dims), its tensors' shapes, dtypes and states, its outputs' shapes and the batch size: never
+a floating-point tensor's values, strides or identity. :func:`call_key` makes that a key, so that a
+block repeated through a model (twelve identical transformer layers) is followed once.
+
 One rule reads sizes: a tensor without a batch given explicit sizes (``cls_token.expand(x.shape[0],
 -1, -1)``, ``x.new_zeros(x.shape[0], 8)``, ``torch.zeros(b, 8)``) comes from Python ints the trace
 does not follow; the one axis given the batch size is taken as the batch (the idiom these calls
@@ -38,8 +43,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Un
 
 import torch
 
-__all__ = ["NO_BATCH", "SAMPLE", "UNKNOWN", "Call", "Merged", "combine", "follow", "known", "sized_state",
-           "SIZED_FACTORIES"]
+__all__ = ["NO_BATCH", "SAMPLE", "UNKNOWN", "Call", "Merged", "call_key", "combine", "follow", "has_rule",
+           "known", "sized_state", "SIZED_FACTORIES"]
 
 NO_BATCH = -1
 SAMPLE = -2
@@ -606,6 +611,57 @@ _RULES: Dict[str, Callable[[Call, torch.Tensor], State]] = {
                      "new_full", "new_tensor"), _sized),
     **dict.fromkeys(("__getitem__",), _index),
 }
+
+
+def has_rule(name: str) -> bool:
+    """Whether a rule of its own follows function ``name`` (else :func:`broadcast` does)."""
+    return name in _RULES
+
+
+class _Uncached(Exception):
+    """An argument :func:`call_key` cannot key (a value no rule is known to read exactly)."""
+
+
+#: Argument types keyed by value; ``bool`` and ``float`` keep their type in the key (``True == 1``).
+_BY_VALUE = frozenset({int, str, type(None)})
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+_TYPED = frozenset({bool, float, type(Ellipsis), torch.dtype, torch.device, torch.memory_format, torch.layout})
+
+
+def _key(value: Any, state_of: Callable[[torch.Tensor], State]) -> Any:
+    cls = type(value)
+    if cls in _BY_VALUE:
+        return value
+    if isinstance(value, torch.Tensor):
+        # an integer or 0-d tensor may be read as a value (an index, a dim); a subclass may be anything
+        if value.dim() == 0 or not value.is_floating_point() or cls not in _PLAIN_TENSORS:
+            raise _Uncached
+        return (torch.Tensor, tuple(value.shape), value.dtype, state_of(value))
+    if cls in _TYPED:
+        return (cls, value)
+    if cls is tuple or cls is list or cls is torch.Size:
+        return (cls, tuple(_key(v, state_of) for v in value))
+    if cls is slice:
+        return (slice, _key(value.start, state_of), _key(value.stop, state_of), _key(value.step, state_of))
+    raise _Uncached
+
+
+def call_key(func: Callable, name: str, args: tuple, kwargs: dict, outs: Sequence[torch.Tensor],
+             state_of: Callable[[torch.Tensor], State], batch: int) -> Optional[tuple]:
+    """A hashable key of everything :func:`follow` reads of this call (see the module docstring),
+    or None when an argument is not keyed: an integer, boolean or 0-d tensor (whose values an
+    index or a dim may be read from), a tensor subclass, or any value of another type than Python
+    numbers, strings, ``None``, ``...``, slices, tuples, lists, sizes, dtypes, devices, layouts and
+    memory formats. Calls with equal keys get equal states."""
+    try:
+        keyed = [a if type(a) is int else _key(a, state_of) for a in args]
+        if kwargs:
+            keyed.append(tuple([(k, _key(v, state_of)) for k, v in kwargs.items()]))
+        return (func, name, batch, tuple(keyed), tuple([tuple(o.shape) for o in outs]))
+    except _Uncached:
+        return None
+    except TypeError:  # pragma: no cover - an unhashable value inside a keyed one
+        return None
 
 
 def follow(call: Call, func: Callable, outs: Sequence[torch.Tensor]) -> List[State]:

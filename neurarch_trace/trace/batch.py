@@ -43,8 +43,10 @@ from neurarch_trace.trace.axes import (
     UNKNOWN,
     Call,
     Merged,
+    call_key,
     combine,
     follow,
+    has_rule,
     known,
     sized_state,
 )
@@ -197,6 +199,8 @@ class BatchAxes:
         # layer outputs recorded UNKNOWN, which a later merge may explain: id -> (tensor, shapes, index)
         self._pending: Dict[int, Tuple[weakref.ref, List[RawShape], int]] = {}
         self._inputs: List[Tuple[Any, torch.Tensor, bool]] = []
+        # the states :func:`.axes.follow` gave each call key (.axes.call_key): a repeated block once
+        self._followed: Dict[tuple, List[State]] = {}
 
     def of(self, t: torch.Tensor) -> State:
         """The batch state of ``t``."""
@@ -212,11 +216,6 @@ class BatchAxes:
         if state == NO_BATCH and key not in states:
             return
         states[key] = (weakref.ref(t), state)
-
-    def seen(self, t: torch.Tensor) -> bool:
-        """Whether a state was recorded for ``t`` (this tensor, not a freed one at its address)."""
-        entry = self._states.get(id(t))
-        return entry is not None and entry[0]() is t
 
     def refine(self, t: torch.Tensor, state: State) -> None:
         """A merge explained the lost batch state of ``t``: record it, and on the layer output
@@ -256,14 +255,38 @@ class BatchAxes:
                outs: List[torch.Tensor]) -> None:
         """Give the outputs of one torch function between layers their states (in-place results
         keep theirs)."""
-        seen = self.seen
-        if not outs or (name not in _SIZING and not any(seen(t) for t in ins)):
-            return  # no tensor out (x.shape), or nothing batched in: nothing batched out
+        if not outs:
+            return  # no tensor out (x.shape)
+        if name not in _SIZING:
+            table = self._states
+            for t in ins:
+                entry = table.get(id(t))
+                if entry is not None and entry[0]() is t:
+                    break
+            else:
+                return  # nothing batched in: nothing batched out
         if name == "__get__":
             name = getattr(getattr(func, "__self__", None), "__name__", name)
-        call = Call(name, args, kwargs, self.of, self._batch.value)
-        for out, state in zip(outs, follow(call, func, outs)):
-            if not any(out is t for t in ins):
+        if len(ins) == 1 and len(outs) == 1 and not kwargs and args and args[0] is ins[0] and not has_rule(name):
+            x, out = ins[0], outs[0]
+            state = self.of(x)
+            if out.shape == x.shape and not isinstance(state, Merged):
+                # a shape-keeping function of one tensor (.contiguous(), dropout, an activation):
+                # what follow()'s default rule gives, without the call key
+                if out is not x:
+                    self.set(out, state)
+                return
+        key = call_key(func, name, args, kwargs, outs, self.of, self._batch.value)
+        states = self._followed.get(key) if key is not None else None
+        if states is None:
+            states = follow(Call(name, args, kwargs, self.of, self._batch.value), func, outs)
+            if key is not None:
+                self._followed[key] = states
+        for out, state in zip(outs, states):
+            for t in ins:
+                if out is t:
+                    break  # in place: it keeps its state
+            else:
                 self.set(out, state)
 
     def made(self, name: str, out: Any) -> None:

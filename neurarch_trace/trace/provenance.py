@@ -22,9 +22,11 @@ from neurarch_trace.trace.closed_form import plain_types
 if TYPE_CHECKING:  # pragma: no cover
     from neurarch_trace.trace.recorder import Recorder
 
-__all__ = ["EMPTY", "FlowMode", "Provenance"]
+__all__ = ["EMPTY", "NO_TENSOR_RESULT", "FlowMode", "Provenance"]
 
 EMPTY: frozenset = frozenset()
+#: Result types of torch calls that hold no tensor (shapes, sizes, dtypes).
+NO_TENSOR_RESULT = frozenset({int, float, bool, str, torch.Size, torch.dtype, torch.device})
 
 
 class Provenance:
@@ -80,19 +82,16 @@ class FlowMode(TorchFunctionMode):
         self._popped: List[Optional[TorchFunctionMode]] = []
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
-        kwargs = kwargs or {}
+        if kwargs is None:
+            kwargs = {}
         recorder = self._recorder
         if func in recorder.zero_flop_functions and plain_types(types):
             # 0 FLOPs whatever the shapes (closed_form.ZERO_FLOP_FUNCTIONS): no FLOP mode around it
-            recorder.flop_mode.suspend()
-            try:
-                out = func(*args, **kwargs)
-            finally:
-                recorder.flop_mode.resume()
+            out = recorder.flop_mode.call_outside(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
-        if recorder.inside_layer or recorder.paused:
-            return out
+        if recorder.inside_layer or recorder.paused or (type(out) in NO_TENSOR_RESULT and "out" not in kwargs):
+            return out  # x.shape, x.size(-1), x.dim(), x.dtype: nothing to carry provenance to
         return recorder.on_function(func, args, kwargs, out)
 
     def suspend(self) -> None:

@@ -33,15 +33,20 @@ from neurarch_trace.trace.kinds import LayerKinds, apply_node_formula
 from neurarch_trace.trace.merges import MERGES, merge_operands, merge_record
 from neurarch_trace.trace.modules import inner
 from neurarch_trace.trace.ownership import Ownership, packed_param_count
-from neurarch_trace.trace.provenance import EMPTY, FlowMode, Provenance
+from neurarch_trace.trace.provenance import EMPTY, NO_TENSOR_RESULT, FlowMode, Provenance
 from neurarch_trace.trace.records import LayerCall, Recording
 from neurarch_trace.trace.stack import LAYER, LayerStack, Names
-from neurarch_trace.trace.tensors import call_tensors, dtype_name, iter_tensors, output_tensors, unique_tensors
+from neurarch_trace.trace.tensors import (
+    arg_tensors,
+    call_tensors,
+    dtype_name,
+    iter_tensors,
+    output_tensors,
+    unique_tensors,
+)
 
 __all__ = ["Recorder"]
 
-#: Result types of torch calls that hold no tensor (shapes, sizes, dtypes).
-_NO_TENSOR_RESULT = frozenset({int, float, bool, str, torch.Size, torch.dtype, torch.device})
 #: Layers whose CPU and CUDA kernels refuse an input of another dtype than their weight
 #: (``mat1 and mat2 must have the same dtype``), which the meta kernels let through.
 _SAME_DTYPE = (nn.Linear, nn.Bilinear)
@@ -382,9 +387,9 @@ class Recorder:
     def on_function(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> Any:
         """A torch function ran between layers: give its results the union of its operands'
         provenance, or make it a merge node."""
-        if type(out) in _NO_TENSOR_RESULT and "out" not in kwargs:
+        if type(out) in NO_TENSOR_RESULT and "out" not in kwargs:
             return out  # x.shape, x.size(-1), x.dim(), x.dtype: nothing to carry provenance to
-        ins = list(iter_tensors(args))
+        ins = arg_tensors(args)
         if kwargs:
             ins.extend(iter_tensors({k: v for k, v in kwargs.items() if k != "out"}))
         name = getattr(func, "__name__", "")
@@ -394,7 +399,7 @@ class Recorder:
         prov_of = self.prov_of
         provs = [prov_of(t) for t in ins]
         union = provs[0] if len(provs) == 1 else EMPTY.union(*provs)
-        outputs = list(iter_tensors(out))
+        outputs = [out] if isinstance(out, torch.Tensor) else list(iter_tensors(out))
         if "out" in kwargs:
             outputs.extend(iter_tensors(kwargs["out"]))
         if out is None and name == "__setitem__" and ins:

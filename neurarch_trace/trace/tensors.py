@@ -10,8 +10,8 @@ import torch
 
 from neurarch_trace.text import shape_text
 
-__all__ = ["call_tensors", "dtype_name", "iter_tensors", "named_tensors", "output_tensors", "tensor_text",
-           "unique_tensors"]
+__all__ = ["arg_tensors", "call_tensors", "dtype_name", "iter_tensors", "named_tensors", "output_tensors",
+           "tensor_text", "unique_tensors"]
 
 #: Nesting depth past which containers are not looked into.
 MAX_DEPTH = 8
@@ -74,6 +74,18 @@ def call_tensors(args: tuple, kwargs: dict) -> list:
     if kwargs:
         tensors.extend(iter_tensors(kwargs))
     return tensors
+
+
+def arg_tensors(args: tuple) -> list:
+    """:func:`iter_tensors` of a call's positional arguments, as a list, without a generator for
+    the common arguments (tensors and Python atoms)."""
+    out = []
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif value is not None and type(value) not in _ATOMS:
+            out.extend(iter_tensors(value, 1))
+    return out
 
 
 def unique_tensors(obj: Any) -> list:
