@@ -44,9 +44,8 @@ def count_params(module: nn.Module) -> int:
 
 def _scalar_or_list(value: Any) -> Any:
     """``kernelSize``/``stride``/``padding``: a number when every dim agrees, a list otherwise."""
-    if type(value) is tuple and value and all(type(v) is int for v in value):  # (3, 3): most layers
-        first = value[0]
-        return first if value.count(first) == len(value) else list(value)
+    if type(value) is tuple and value and type(value[0]) is int and value.count(value[0]) == len(value):
+        return value[0]  # (3, 3): most layers
     if isinstance(value, (tuple, list)):
         vals = [int(v) if not isinstance(v, str) else v for v in value]
         if vals and all(v == vals[0] for v in vals):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Dict, Iterator, Optional
+from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 from torch import nn
@@ -38,8 +38,8 @@ from torch.utils.flop_counter import conv_flop_count
 
 from neurarch_trace.trace.tensors import iter_tensors
 
-__all__ = ["Formula", "ZERO_FLOP_FUNCTIONS", "closed_form", "enabled", "formula_for", "formula_kind", "plain_types",
-           "reference_path"]
+__all__ = ["Formula", "ZERO_FLOP_FUNCTIONS", "closed_form", "enabled", "formula_for", "formula_kind", "module_formula",
+           "plain_types", "reference_path"]
 
 #: ``formula(module, first input's shape, first output's shape) -> FLOPs`` at the traced batch.
 Formula = Callable[[nn.Module, torch.Size, Optional[torch.Size]], int]
@@ -170,10 +170,28 @@ def _plain(t: torch.Tensor) -> bool:
     return (cls is torch.Tensor or cls is nn.Parameter) and not t.is_complex()
 
 
-def closed_form(module: nn.Module, args: tuple, kwargs: dict) -> Optional[Formula]:
-    """The closed form for this call of ``module`` with ``args``/``kwargs``, or None when the call
-    must be counted op by op (see the module docstring for the conditions)."""
+def module_formula(module: nn.Module) -> Optional[Formula]:
+    """The closed form of ``module`` as far as the module alone says (its class, its weights and
+    biases plain tensors, a weight where the formula reads one), or None: what
+    :func:`closed_form` checks before the call's own arguments, hooks and ``forward``."""
     formula = formula_for(type(module))
+    if formula is None:
+        return None
+    for t in module._parameters.values():
+        if t is not None and not _plain(t):
+            return None
+    if formula is not _zero and module._parameters.get("weight") is None:
+        return None
+    return formula
+
+
+def closed_form(module: nn.Module, args: tuple, kwargs: dict,
+                formula: Union[Formula, None, bool] = False) -> Optional[Formula]:
+    """The closed form for this call of ``module`` with ``args``/``kwargs``, or None when the call
+    must be counted op by op (see the module docstring for the conditions); ``formula``, when
+    given, is :func:`module_formula` of ``module`` (read once per module by the recorder)."""
+    if formula is False:
+        formula = module_formula(module)
     if formula is None:
         return None
     if len(module._forward_pre_hooks) != 1 or len(module._forward_hooks) != 1 or "forward" in module.__dict__:
@@ -193,13 +211,8 @@ def closed_form(module: nn.Module, args: tuple, kwargs: dict) -> Optional[Formul
             return None
         if kwargs and not all(_plain(t) for t in iter_tensors(kwargs)):
             return None
-    for t in module._parameters.values():
-        if t is not None and not _plain(t):
-            return None
-    weight = module._parameters.get("weight")
-    if formula is not _zero and weight is None:
-        return None
-    if formula is not _zero and formula is not _linear and formula is not _hf_conv1d and first.dim() != weight.dim():
+    if formula is not _zero and formula is not _linear and formula is not _hf_conv1d and \
+            first.dim() != module._parameters["weight"].dim():
         return None  # an unbatched convolution: counted op by op, as it always was
     return formula
 

@@ -102,8 +102,9 @@ class _Snapshot:
         for qual, module in tree.named_modules:
             library = _library_class(module)
             params, buffers = module._parameters, module._buffers
-            if not isinstance(module, torch.jit.ScriptModule):  # TorchScript rebinds nothing from Python
-                # the libraries' layers rebind no attribute in forward: only a user's classes' are kept
+            if (params or buffers or not library) and not isinstance(module, torch.jit.ScriptModule):
+                # TorchScript rebinds nothing from Python; the libraries' layers rebind no attribute
+                # in forward: only a user's classes' are kept (and nothing of a ReLU's)
                 attrs = _EMPTY if library else {k: v for k, v in vars(module).items() if k not in _SKIP_ATTRS}
                 self.modules.append((module, dict(params) if params else _EMPTY, dict(buffers) if buffers else _EMPTY,
                                      attrs))

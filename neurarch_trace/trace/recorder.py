@@ -27,7 +27,7 @@ from neurarch_trace.flops import FlopMode, flop_kind, same_dtype_operands
 from neurarch_trace.mapping import count_params, is_passthrough, is_whole_layer, layer_spec
 from neurarch_trace.text import plural
 from neurarch_trace.trace.batch import BatchAxes, BatchSize
-from neurarch_trace.trace.closed_form import ZERO_FLOP_FUNCTIONS, Formula, closed_form, formula_kind
+from neurarch_trace.trace.closed_form import ZERO_FLOP_FUNCTIONS, Formula, closed_form, formula_kind, module_formula
 from neurarch_trace.trace.closed_form import enabled as fast_paths_enabled
 from neurarch_trace.trace.kinds import LayerKinds, apply_node_formula
 from neurarch_trace.trace.merges import MERGES, merge_operands, merge_record
@@ -51,6 +51,7 @@ __all__ = ["Recorder"]
 #: (``mat1 and mat2 must have the same dtype``), which the meta kernels let through.
 _SAME_DTYPE = (nn.Linear, nn.Bilinear)
 _NOT_RUNNING = (None, None, [])
+_SENSITIVE, _PASSTHROUGH, _PLAIN = "grad-sensitive", "passthrough", "plain"
 #: Modules whose forward checks the grad mode (fused inference fast paths).
 _GRAD_SENSITIVE = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 
@@ -107,7 +108,8 @@ class Recorder:
         # torch functions the FLOP mode steps aside for between layers (none on the reference path)
         self.zero_flop_functions = ZERO_FLOP_FUNCTIONS if self.fast else frozenset()
         self._grad_modes: List[bool] = []  # grad modes to put back after grad-sensitive modules
-        self._sensitive_types: Dict[type, bool] = {}
+        self._classes: Dict[type, str] = {}  # module class -> _SENSITIVE, _PASSTHROUGH or _PLAIN
+        self._module_formulas: Dict[int, Optional[Formula]] = {}  # id(module) -> closed_form.module_formula
         self._whole_types: Dict[type, bool] = {}
         self._rope_types: Dict[type, bool] = {}
         self._sink: Optional[LayerCall] = None
@@ -215,13 +217,17 @@ class Recorder:
         A layer's bookkeeping runs with the flow mode and the FLOP mode off their stacks; the FLOP
         mode goes back for the layer's forward unless the layer's FLOPs have a closed form
         (:mod:`.closed_form`), which :meth:`post_hook` charges instead."""
-        if self._grad_sensitive(module):
+        cls = type(module)
+        kind = self._classes.get(cls)
+        if kind is None:
+            kind = self._classes[cls] = self._class_kind(cls, module)
+        if kind is _SENSITIVE and not torch.is_inference_mode_enabled():
             self._grad_modes.append(torch.is_grad_enabled())
             torch._C._set_grad_enabled(True)
         if self.inside_layer or self.paused:  # inside a layer, or the recorder reading a parametrized weight
             self.stack.push_skip()
             return
-        if is_passthrough(module) and module is not self.model:
+        if kind is _PASSTHROUGH and module is not self.model:
             self.stack.push_skip()
             return
         qual = self.stack.qualname(module)
@@ -239,7 +245,13 @@ class Recorder:
         self.inside_layer += 1
         self._sink = record
         # a closed form only when the FLOP mode really is off the stack (no other mode above it)
-        formula = closed_form(module, args, kwargs) if self.fast and popped else None
+        formula = None
+        if self.fast and popped:
+            formula = self._module_formulas.get(id(module), False)
+            if formula is False:
+                formula = self._module_formulas[id(module)] = module_formula(module)
+            if formula is not None:
+                formula = closed_form(module, args, kwargs, formula)
         self._closed = formula
         if formula is None:
             self.flop_mode.resume()
@@ -261,7 +273,7 @@ class Recorder:
                 self.paused = False
             self.flop_mode.resume()
             self.flow.resume()
-        if self._grad_modes and self._grad_sensitive(module):
+        if self._grad_modes and self._classes.get(type(module)) is _SENSITIVE and not torch.is_inference_mode_enabled():
             torch._C._set_grad_enabled(self._grad_modes.pop())
 
     def _axes_kind(self, module: nn.Module, ins: list) -> str:
@@ -275,15 +287,15 @@ class Recorder:
             rope = self._rope_types[cls] = layer_spec(inner(module), param_count=0)[0] == "rope"
         return "rope" if rope else "customModule"
 
-    def _grad_sensitive(self, module: nn.Module) -> bool:
-        """nn.MultiheadAttention and nn.TransformerEncoder(Layer) take a fused fast path when
-        autograd is off: on the fast path (a forward under ``no_grad``) they run with autograd on,
-        as on the reference path, unless the model itself runs them under ``inference_mode``."""
-        cls = type(module)
-        sensitive = self._sensitive_types.get(cls)
-        if sensitive is None:
-            sensitive = self._sensitive_types[cls] = self.fast and issubclass(cls, _GRAD_SENSITIVE)
-        return sensitive and not torch.is_inference_mode_enabled()
+    def _class_kind(self, cls: type, module: nn.Module) -> str:
+        """What the pre-hook needs of a module's class: :data:`_SENSITIVE` for nn.MultiheadAttention
+        and nn.TransformerEncoder(Layer), which take a fused fast path when autograd is off (on the
+        fast path, a forward under ``no_grad``, they run with autograd on, as on the reference
+        path, unless the model itself runs them under ``inference_mode``); :data:`_PASSTHROUGH`
+        for a module that gets no node (nn.Identity); else :data:`_PLAIN`."""
+        if self.fast and issubclass(cls, _GRAD_SENSITIVE):
+            return _SENSITIVE
+        return _PASSTHROUGH if is_passthrough(module) else _PLAIN
 
     # --- layers -----------------------------------------------------------------------------
     def _new_layer(self, module: nn.Module, qual: str, args: tuple, kwargs: dict) -> LayerCall:
