@@ -815,6 +815,7 @@ def test_hf_folder_is_built_from_its_config_as_the_cli_builds_it(
     assert r.graph["measured"]["params"] == _params(with_head) > _params(reference)
 
 
+@pytest.mark.slow
 def test_hf_target_from_the_minilm_package_with_a_real_tokenized_batch(
         shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util

@@ -67,6 +67,7 @@ def test_the_prediction_matches_the_harness_on_the_mlp() -> None:
         assert real[phase]["tensors"] - predicted == host, phase
 
 
+@pytest.mark.slow
 def test_the_prediction_matches_real_steps_of_a_small_transformer() -> None:
     gpt = load_example("gpt")
     torch.manual_seed(0)

@@ -204,7 +204,7 @@ def _card_numbers(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("example, factory, shape", [
-    ("resnet", "ResNet50", (1, 3, 224, 224)),
+    pytest.param("resnet", "ResNet50", (1, 3, 224, 224), marks=pytest.mark.slow),  # seconds: the full run's
     ("vit", "ViT_Tiny", (1, 3, 32, 32)),
 ])
 def test_depth_never_changes_the_card(example: str, factory: str, shape: tuple) -> None:
