@@ -50,7 +50,9 @@ __all__ = ["Recorder"]
 #: Layers whose CPU and CUDA kernels refuse an input of another dtype than their weight
 #: (``mat1 and mat2 must have the same dtype``), which the meta kernels let through.
 _SAME_DTYPE = (nn.Linear, nn.Bilinear)
+#: ``Recorder._running`` between layer calls.
 _NOT_RUNNING = (None, None, [])
+#: What the pre-hook needs of a module's class (:meth:`Recorder._class_kind`).
 _SENSITIVE, _PASSTHROUGH, _PLAIN = "grad-sensitive", "passthrough", "plain"
 #: Modules whose forward checks the grad mode (fused inference fast paths).
 _GRAD_SENSITIVE = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
