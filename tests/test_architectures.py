@@ -70,7 +70,7 @@ CASES = {
 
 
 #: Architectures whose build and trace take seconds: the full run's (``-m slow``).
-SLOW_CASES = {"albert", "bart"}
+SLOW_CASES = {"albert", "bart", "bloom"}
 
 
 @pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a in SLOW_CASES else a

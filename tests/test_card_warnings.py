@@ -84,6 +84,7 @@ def test_a_vgg_style_net_shows_its_most_severe_warning_first():
         "deep-without-residual"]
 
 
+@pytest.mark.slow  # seconds: the full run's
 def test_a_base_of_another_kind_compares_parameters_and_layers_only():
     resnet, image = CANONICAL["ResNet-18"]()
     gpt2, tokens = CANONICAL["GPT-2"]()

@@ -227,7 +227,8 @@ def test_no_grad_and_inference_mode_regions():
 # --- 7. wrapped models --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("wrap", ["compile", "dataparallel", "ddp"])
+# compile imports torch._dynamo: seconds, the full run's
+@pytest.mark.parametrize("wrap", [pytest.param("compile", marks=pytest.mark.slow), "dataparallel", "ddp"])
 def test_wrapped_models_trace_as_the_inner_model(wrap, tmp_path):
     model = fm.SharedParents()
     if wrap == "compile":

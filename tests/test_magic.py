@@ -789,6 +789,7 @@ def _cli_graph(args: list, path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow  # seconds: the full run's
 def test_hf_folder_is_built_from_its_config_as_the_cli_builds_it(
         shell: InteractiveShell, bert_folder: Path, tmp_path: Path) -> None:
     import transformers

@@ -302,6 +302,7 @@ def test_eager_attention_asked_of_a_model_without_sdpa_calls_says_so() -> None:
 # --- models of any size, on meta ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # seconds: the full run's
 def test_llama_7b_config_rehearses_on_meta() -> None:
     cfg = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                                    num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)

@@ -134,6 +134,7 @@ def test_unknown_gpu_is_one_line_naming_the_cards(plan_server: str, tmp_path: Pa
     assert last.endswith("the graph is still at mlp.neurarch.json") and path.exists()
 
 
+@pytest.mark.slow  # a command in a fresh interpreter
 def test_sizing_flags_need_a_plan(tmp_path: Path) -> None:
     resnet = REPO / "examples" / "models" / "resnet.py"
     done = subprocess.run([sys.executable, "-m", "neurarch_trace", f"{resnet}:ResNet18", "--input", "1,3,32,32",

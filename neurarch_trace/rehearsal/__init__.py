@@ -113,8 +113,11 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
     gc.disable()  # frees in a fixed order, the same in every run
     try:
         walk.set_training(model, True)
-        # the user's random stream is left where it was; the trace already told the model's warnings
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), dynamo_left_unimported():
+        # the user's random stream is left where it was; the trace already told the model's warnings;
+        # a TorchScript part runs its graph as written: its executor optimises the graph after a few
+        # calls, which would make the first trace's step differ from the next ones'
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), dynamo_left_unimported(), \
+                torch.jit.optimized_execution(False):
             warnings.simplefilter("ignore")
             return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars))
     except RehearsalError as exc:

@@ -93,7 +93,7 @@ _EMPTY: Registry = {}  # shared, never written: a module with nothing of a kind 
 class _Snapshot:
     """The state of one model before the trace (see the module docstring)."""
 
-    def __init__(self, tree: walk.Tree) -> None:
+    def __init__(self, tree: walk.Tree, values: bool = True) -> None:
         self.modules: List[Tuple[nn.Module, Registry, Registry, Registry]] = []
         self.values: Dict[int, Tuple[torch.Tensor, torch.Tensor, int]] = {}
         # the library layers' parameters: id -> (module path, name, tensor, version); named if moved
@@ -108,6 +108,8 @@ class _Snapshot:
                 attrs = _EMPTY if library else {k: v for k, v in vars(module).items() if k not in _SKIP_ATTRS}
                 self.modules.append((module, dict(params) if params else _EMPTY, dict(buffers) if buffers else _EMPTY,
                                      attrs))
+            if not values:
+                continue
             for t in buffers.values():
                 self._keep(t)
             for name, t in params.items():
@@ -150,11 +152,12 @@ class _Snapshot:
 
 
 @contextlib.contextmanager
-def state_kept(tree: walk.Tree) -> Iterator[None]:
+def state_kept(tree: walk.Tree, values: bool = True) -> Iterator[None]:
     """Within the block the forward may change the parameters, buffers and attributes of the
     model ``tree`` walked; after it (whatever happens) they are put back as the module docstring
-    says."""
-    snapshot = _Snapshot(tree)
+    says. With ``values=False``, only the registries and attributes: for a block that puts
+    tensor values back itself (the training-step rehearsal, whose forward runs on meta copies)."""
+    snapshot = _Snapshot(tree, values)
     try:
         yield
     finally:

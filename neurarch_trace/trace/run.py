@@ -261,8 +261,11 @@ def trace_model(
         if not output_tensors(output):
             warn_no_output(model, graph_name)
         warn_unused_inputs(model, _unused_inputs(recording, _swallowed_keywords(model, call_kwargs)))
-        step = (rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
-                                       scalars=recording.scalars) if training_step else None)
+        step = None
+        if training_step:  # its forward rebinds what the traced one did (a counter, a cache): put back
+            with state_kept(walk.Tree(model), values=False):
+                step = rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
+                                              scalars=recording.scalars)
         graph = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name,
                             description=description)
         full = None if depth is None else _full_depth(model, args, call_kwargs, named_inputs, tensors, graph_name,
