@@ -83,22 +83,15 @@ def model_totals(model: nn.Module) -> Dict[str, Any]:
     """Unique parameters (each ``nn.Parameter`` once), trainable ones, their bytes, and buffers
     with their bytes, from ``model.parameters()``/``model.buffers()``."""
     params = trainable = param_bytes = buffers = buffer_bytes = 0
-    # walked after the forward (a lazy layer's parameters are there now), once, each tensor once
-    seen_params: set = set()
-    seen_buffers: set = set()
-    for module in walk.modules(model):
-        for p in module._parameters.values():
-            if p is not None and id(p) not in seen_params:
-                seen_params.add(id(p))
-                params += p.numel()
-                param_bytes += p.numel() * p.element_size()
-                if p.requires_grad:
-                    trainable += p.numel()
-        for b in module._buffers.values():
-            if b is not None and id(b) not in seen_buffers:
-                seen_buffers.add(id(b))
-                buffers += b.numel()
-                buffer_bytes += b.numel() * b.element_size()
+    # walked after the forward: a lazy layer's parameters are there now
+    for p in walk.parameters(model):  # each Parameter once
+        params += p.numel()
+        param_bytes += p.numel() * p.element_size()
+        if p.requires_grad:
+            trainable += p.numel()
+    for b in walk.buffers(model):
+        buffers += b.numel()
+        buffer_bytes += b.numel() * b.element_size()
     return {
         "params": params,
         "trainable": trainable,

@@ -70,7 +70,7 @@ def call_tensors(args: tuple, kwargs: dict) -> list:
     as a list; one tensor argument and no keywords (most layer calls) without the walk."""
     if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):
         return [args[0]]
-    tensors = list(iter_tensors(args))
+    tensors = arg_tensors(args)
     if kwargs:
         tensors.extend(iter_tensors(kwargs))
     return tensors
