@@ -170,18 +170,18 @@ class BatchSize:
 
     def __init__(self, traced: int) -> None:
         self.value = traced
-        self._learned = False
+        self.learned = False  # a sequence-first layer said the batch (read by the recorder)
 
     def learn(self, module: nn.Module, t: torch.Tensor, prov: frozenset, records: List[Any]) -> bool:
         """Read the batch off ``t``, the first input of ``module``, when its provenance ``prov``
         says it comes straight from a model input (an ``input`` record of ``records``); True when
         the batch size was learned now."""
-        if self._learned or t.dim() != 3:
+        if self.learned or t.dim() != 3:
             return False
         axis = known_batch_axis(module, 0, 3, False)
         if axis != 1 or not any(isinstance(k, int) and records[k].type == "input" for k in prov):
             return False
-        self._learned = True
+        self.learned = True
         self.value = int(t.shape[1])
         return True
 
@@ -311,6 +311,38 @@ class BatchAxes:
         """The raw shape of the first input of a layer: the layer's own axis when it fixes one."""
         axis = None if self._free_of(module) else known_batch_axis(module, 0, t.dim(), False)
         return _raw(tuple(t.shape), self.of(t) if axis is None else axis)
+
+    def leaf_input(self, module: nn.Module, x: torch.Tensor) -> RawShape:
+        """:meth:`layer_input` for a layer called with the one tensor ``x`` (the recorder's path
+        for a leaf layer), in one frame for a layer whose type fixes no batch axis."""
+        free = self._free.get(id(module))
+        if not free:
+            return self.layer_input(module, x)
+        entry = self._states.get(id(x))
+        return _raw(tuple(x.shape), entry[1] if entry is not None and entry[0]() is x else NO_BATCH)
+
+    def leaf_output(self, module: nn.Module, x: torch.Tensor, out: torch.Tensor) -> List[RawShape]:
+        """:meth:`layer_outputs` for a layer with one input tensor ``x`` and one output tensor
+        ``out``, in one frame for a layer whose type fixes no batch axis (the output inherits the
+        input's state, :func:`_inherit`)."""
+        free = self._free.get(id(module))
+        if not free:
+            return self.layer_outputs(module, "customModule", [x], [out])
+        states = self._states
+        entry = states.get(id(x))
+        state = entry[1] if entry is not None and entry[0]() is x else NO_BATCH
+        if type(state) is int and state >= 0:  # the common case: _inherit's first candidate, the same axis
+            if not (state < out.dim() and out.shape[state] == x.shape[state]):
+                state = _inherit(x, state, out)
+        elif isinstance(state, Merged):
+            state = _inherit(x, state, out)
+        key = id(out)
+        if state != NO_BATCH or key in states:  # as set() does
+            states[key] = (weakref.ref(out), state)
+        shapes = [_raw(tuple(out.shape), state)]
+        if state is UNKNOWN:
+            self._pending[key] = (weakref.ref(out), shapes, 0)
+        return shapes
 
     def layer_outputs(self, module: nn.Module, kind: str, ins: List[torch.Tensor],
                       outs: List[torch.Tensor]) -> List[RawShape]:

@@ -28,7 +28,8 @@ class LayerStack:
 
     def __init__(self, tree: walk.Tree) -> None:
         self._model = tree.model
-        self._frames: List[Tuple[str, Any]] = []
+        #: the frames, innermost last (the recorder's leaf path appends its layer frames itself)
+        self.frames: List[Tuple[str, Any]] = []
         self._scopes: List[Tuple[str, nn.Module]] = []  # the scope frames' (qualname, module), innermost last
         # the path of each module under each parent (a module reached two ways has two paths)
         self._child_names: Dict[int, Dict[int, str]] = {}
@@ -38,18 +39,18 @@ class LayerStack:
             self._child_names[id(mod)] = {id(c): n for n, c in mod._modules.items() if c is not None}
 
     def push_skip(self) -> None:
-        self._frames.append(_SKIP_FRAME)
+        self.frames.append(_SKIP_FRAME)
 
     def push_scope(self, qual: str, module: nn.Module) -> None:
-        self._frames.append((SCOPE, qual))
+        self.frames.append((SCOPE, qual))
         self._scopes.append((qual, module))
 
     def push_layer(self, record: Any) -> None:
-        self._frames.append((LAYER, record))
+        self.frames.append((LAYER, record))
 
     def pop(self) -> Tuple[str, Any]:
         """The innermost frame, removed."""
-        frame = self._frames.pop()
+        frame = self.frames.pop()
         if frame[0] is SCOPE:
             self._scopes.pop()
         return frame
@@ -60,7 +61,7 @@ class LayerStack:
 
     def running_layer(self) -> Optional[Any]:
         """The record of the innermost running layer, or None."""
-        for kind, value in reversed(self._frames):
+        for kind, value in reversed(self.frames):
             if kind is LAYER:
                 return value
         return None
