@@ -27,6 +27,7 @@ __all__ = [
     "named_modules",
     "named_parameters",
     "parameters",
+    "parameters_and_buffers",
     "register_hooks",
     "set_training",
 ]
@@ -124,6 +125,24 @@ def named_buffers(model: nn.Module, recurse: bool = True) -> Iterator[Tuple[str,
 def buffers(model: nn.Module, recurse: bool = True) -> Iterator[Any]:
     """Each buffer tensor once, as ``model.buffers()``."""
     return _unnamed_members(model, "_buffers", recurse)
+
+
+def parameters_and_buffers(model: nn.Module) -> Tuple[List[nn.Parameter], List[Any]]:
+    """``(list(parameters(model)), list(buffers(model)))``, in one walk of the tree."""
+    params: List[nn.Parameter] = []
+    tensors: List[Any] = []
+    seen_params: set = set()
+    seen_buffers: set = set()
+    for module in modules(model):
+        for value in module._parameters.values():
+            if value is not None and id(value) not in seen_params:
+                seen_params.add(id(value))
+                params.append(value)
+        for value in module._buffers.values():
+            if value is not None and id(value) not in seen_buffers:
+                seen_buffers.add(id(value))
+                tensors.append(value)
+    return params, tensors
 
 
 def set_training(model: nn.Module, mode: bool) -> None:

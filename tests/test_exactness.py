@@ -117,6 +117,27 @@ def test_learned_gate_owned_by_container():
     assert node_param_sum(graph) == unique_params(model) == 72 + 8 + 18
 
 
+def test_totals_walk_yields_what_pytorch_iterators_yield():
+    """The one walk behind ``measured.params`` and ``buffers`` gives each parameter and buffer
+    once, in PyTorch's order, on a model with a tied weight, a module under two parents, a shared
+    buffer and a None entry in a registry."""
+    from neurarch_trace.walk import parameters_and_buffers
+
+    model = fm.SharedParents()
+    model.tied = nn.Linear(8, 8)
+    model.tied.weight = model.enc[0].weight
+    model.register_buffer("scale", torch.ones(3))
+    model.enc[0].register_buffer("scale", model.scale)
+    model.register_parameter("absent", None)
+    params, buffers = parameters_and_buffers(model)
+    assert [id(p) for p in params] == [id(p) for p in model.parameters()]
+    assert [id(b) for b in buffers] == [id(b) for b in model.buffers()]
+    assert len(buffers) == 1 and len(params) == len(list(model.parameters())) > 0
+    graph = trace_model(model, torch.randn(1, 8))
+    assert graph["measured"]["params"] == unique_params(model)
+    assert graph["measured"]["buffers"] == 3
+
+
 # --- 2. tied weights ----------------------------------------------------------------------------
 
 

@@ -64,8 +64,12 @@ def fast_paths_off() -> Iterator[None]:
         set_(was)
 
 
+#: A lazy module's parameter or buffer before its first forward (``nn.parameter.is_lazy``).
+_LAZY = nn.parameter.UninitializedTensorMixin
+
+
 def _has_values(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and not t.is_meta and not nn.parameter.is_lazy(t)
+    return isinstance(t, torch.Tensor) and not t.is_meta and not isinstance(t, _LAZY)
 
 
 #: Libraries whose layers never write their own weights in ``forward``: their parameters are not
@@ -100,7 +104,9 @@ class _Snapshot:
         self.versions: Dict[int, Tuple[str, str, torch.Tensor, int]] = {}
         versions = self.versions
         for qual, module in tree.named_modules:
-            library = _library_class(module)
+            library = _LIBRARY_TYPES.get(type(module))
+            if library is None:
+                library = _library_class(module)
             params, buffers = module._parameters, module._buffers
             if (params or buffers or not library) and not isinstance(module, torch.jit.ScriptModule):
                 # TorchScript rebinds nothing from Python; the libraries' layers rebind no attribute

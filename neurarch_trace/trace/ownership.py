@@ -84,12 +84,13 @@ def model_totals(model: nn.Module) -> Dict[str, Any]:
     with their bytes, from ``model.parameters()``/``model.buffers()``."""
     params = trainable = param_bytes = buffers = buffer_bytes = 0
     # walked after the forward: a lazy layer's parameters are there now
-    for p in walk.parameters(model):  # each Parameter once
+    all_params, all_buffers = walk.parameters_and_buffers(model)
+    for p in all_params:  # each Parameter once
         params += p.numel()
         param_bytes += p.numel() * p.element_size()
         if p.requires_grad:
             trainable += p.numel()
-    for b in walk.buffers(model):
+    for b in all_buffers:
         buffers += b.numel()
         buffer_bytes += b.numel() * b.element_size()
     return {

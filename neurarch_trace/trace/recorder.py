@@ -35,7 +35,7 @@ from neurarch_trace.trace.modules import inner
 from neurarch_trace.trace.ownership import Ownership, packed_param_count
 from neurarch_trace.trace.provenance import EMPTY, NO_TENSOR_RESULT, FlowMode, Provenance
 from neurarch_trace.trace.records import LayerCall, Recording
-from neurarch_trace.trace.stack import LAYER, LayerStack, Names
+from neurarch_trace.trace.stack import LAYER, SCOPE, LayerStack, Names
 from neurarch_trace.trace.tensors import (
     arg_tensors,
     call_tensors,
@@ -90,7 +90,7 @@ class Recorder:
         self.model = tree.model
         self.tree = tree  # walked before the forward (see walk.Tree)
         # on the meta device the recorder checks what its kernels do not (see _check_meta_dtype)
-        self.on_meta = any(p.is_meta for _, p in tree.named_parameters)
+        self.on_meta = any([p.is_meta for _, p in tree.named_parameters])
         self.depth = depth
         self.root_name = root_name
         self.records: List[LayerCall] = []
@@ -136,7 +136,10 @@ class Recorder:
         # bound once: the hot paths call these for every tensor
         self.prov_of = self.provenance.of
         self.set_prov = self.provenance.set
+        # the layer stack's, for the hooks' paths that push and pop its frames themselves
         self._push_frame = self.stack.frames.append
+        self._pop_frame = self.stack.frames.pop
+        self._pop_scope = self.stack.scopes.pop
 
     # --- inputs and output ------------------------------------------------------------------
     def add_input(self, name: str, t: torch.Tensor) -> None:
@@ -245,7 +248,43 @@ class Recorder:
             return
         if kind is _PLAIN and not module._modules and not kwargs and len(args) == 1 and \
                 type(args[0]) is torch.Tensor and self.fast and not self.on_meta:
-            self._leaf_pre_hook(module, args, kwargs)
+            # a leaf layer called with one plain tensor (most calls of most models), off the meta
+            # device: what _new_layer and the modes' suspend do below, in this one frame. A hook runs
+            # between kernels that have pushed its code and data out of the CPU caches, and each
+            # Python call it makes costs a few cache misses more.
+            x = args[0]
+            qual = self.stack.qualname(module)
+            flow, flop_mode = self.flow, self.flop_mode
+            depth = _function_stack_len()  # FlowMode.suspend
+            flow._popped.append(_pop_function_mode() if depth and _function_mode_at(depth - 1) is flow else None)
+            depth = _dispatch_stack_len()  # FlopMode.suspend
+            popped = depth > 0 and _dispatch_mode_at(depth - 1) is flop_mode
+            if popped:
+                _pop_dispatch_mode(None)
+            flop_mode._popped.append(popped)
+            records = self.records
+            record = LayerCall(len(records), "customModule", "", module, qual)
+            records.append(record)
+            tensors = [x]
+            self._running = (args, kwargs, tensors)
+            prov = self.prov_of(x)
+            if not self.batch.learned and x.dim() == 3 and self.batch.learn(module, x, prov, records):
+                self.axes.relearn(x, 1)
+            record.input_shape = self.axes.leaf_input(module, x)
+            self._pending.append((record, [prov]))
+            self._push_frame((LAYER, record))
+            self.inside_layer += 1
+            self._sink = record
+            formula = None
+            if popped:
+                formula = self._module_formulas.get(id(module), False)
+                if formula is False:
+                    formula = self._module_formulas[id(module)] = module_formula(module)
+                if formula is not None:
+                    formula = closed_form(module, args, kwargs, formula)
+            self._closed = formula
+            if formula is None:
+                flop_mode.resume()
             return
         qual = self.stack.qualname(module)
         if not self._is_layer(module, qual):
@@ -273,102 +312,44 @@ class Recorder:
         if formula is None:
             self.flop_mode.resume()
 
-    def _leaf_pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """:meth:`pre_hook` of a leaf layer called with one plain tensor (most calls of most
-        models) on the fast path, off the meta device: what ``_new_layer`` and the modes'
-        ``suspend`` do, in one frame. A hook runs between kernels that have pushed its code and data
-        out of the CPU caches, and each Python call it makes costs a few cache misses more."""
-        x = args[0]
-        qual = self.stack.qualname(module)
-        flow, flop_mode = self.flow, self.flop_mode
-        depth = _function_stack_len()  # FlowMode.suspend
-        flow._popped.append(_pop_function_mode() if depth and _function_mode_at(depth - 1) is flow else None)
-        depth = _dispatch_stack_len()  # FlopMode.suspend
-        popped = depth > 0 and _dispatch_mode_at(depth - 1) is flop_mode
-        if popped:
-            _pop_dispatch_mode(None)
-        flop_mode._popped.append(popped)
-        records = self.records
-        record = LayerCall(len(records), "customModule", "", module, qual)
-        records.append(record)
-        tensors = [x]
-        self._running = (args, kwargs, tensors)
-        prov = self.prov_of(x)
-        if not self.batch.learned and x.dim() == 3 and self.batch.learn(module, x, prov, records):
-            self.axes.relearn(x, 1)
-        record.input_shape = self.axes.leaf_input(module, x)
-        self._pending.append((record, [prov]))
-        self._push_frame((LAYER, record))
-        self.inside_layer += 1
-        self._sink = record
-        formula = None
-        if popped:
-            formula = self._module_formulas.get(id(module), False)
-            if formula is False:
-                formula = self._module_formulas[id(module)] = module_formula(module)
-            if formula is not None:
-                formula = closed_form(module, args, kwargs, formula)
-        self._closed = formula
-        if formula is None:
-            flop_mode.resume()
-
     def post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         """Forward hook (``with_kwargs=True``) of every module."""
-        kind, record = self.stack.pop()
-        if kind is LAYER and type(output) is torch.Tensor and self._running[0] is args and \
-                self._running[1] is kwargs and len(self._running[2]) == 1:
-            self._leaf_post_hook(record, module, args, output)
-            return
-        if kind is LAYER:
+        kind, record = self._pop_frame()  # LayerStack.pop
+        if kind is SCOPE:
+            self._pop_scope()
+        elif kind is LAYER:
             self.inside_layer -= 1
             self._sink = None
             formula = self._closed
             self._closed = None
+            flop_mode = self.flop_mode
             if formula is None:
-                self.flop_mode.suspend()
+                flop_mode.suspend()
+            seen_args, seen_kwargs, ins = self._running
             self.paused = True
             try:
-                self._finish_layer(record, module, args, kwargs, output, formula)
+                if type(output) is torch.Tensor and len(ins) == 1 and args is seen_args and kwargs is seen_kwargs:
+                    # one tensor in, one out (most layer calls): _finish_layer's work in this frame
+                    # (see the leaf path of pre_hook)
+                    self._running = _NOT_RUNNING
+                    x = ins[0]
+                    record.output_shapes = self.axes.leaf_output(module, x, output)
+                    record.output_bytes += output.numel() * output.element_size()
+                    self.set_prov(output, frozenset((record.index,)))
+                    record.output_dtype = output.dtype  # its name in _settle
+                    if formula is not None:
+                        self._closed_flops[record.index] = (formula, x.shape, output.shape)
+                    else:
+                        self._node_formula(record, module, args, [output])
+                else:
+                    self._finish_layer(record, module, args, kwargs, output, formula)
             finally:
                 self.paused = False
-            self.flop_mode.resume()
-            self.flow.resume()
-        if self._grad_modes and self._classes.get(type(module)) is _SENSITIVE and not torch.is_inference_mode_enabled():
-            torch._C._set_grad_enabled(self._grad_modes.pop())
-
-    def _leaf_post_hook(self, record: LayerCall, module: nn.Module, args: tuple, out: torch.Tensor) -> None:
-        """:meth:`post_hook` of a layer that read one tensor and returned one (the pre-hook's
-        tensors, not replaced by another pre-hook): what ``_finish_layer`` and the modes' ``resume``
-        do, in one frame (see :meth:`_leaf_pre_hook`)."""
-        self.inside_layer -= 1
-        self._sink = None
-        formula = self._closed
-        self._closed = None
-        flop_mode = self.flop_mode
-        if formula is None:
-            flop_mode.suspend()
-        x = self._running[2][0]
-        self._running = _NOT_RUNNING
-        self.paused = True
-        try:
-            record.output_shapes = self.axes.leaf_output(module, x, out)
-            record.output_bytes += out.numel() * out.element_size()
-            self.set_prov(out, frozenset((record.index,)))
-            record.output_dtype = out.dtype  # its name in _settle
-            if formula is not None:
-                self._closed_flops[record.index] = (formula, x.shape, out.shape)
-            else:
-                before = record.flops
-                apply_node_formula(record, module, args, [out])
-                if record.flops != before:
-                    self.flops_by_kind["matmul"] = self.flops_by_kind.get("matmul", 0) + record.flops - before
-        finally:
-            self.paused = False
-        if flop_mode._popped and flop_mode._popped.pop():  # FlopMode.resume
-            _push_dispatch_mode(flop_mode)
-        popped = self.flow._popped.pop() if self.flow._popped else None  # FlowMode.resume
-        if popped is not None:
-            _push_function_mode(popped)
+            if flop_mode._popped and flop_mode._popped.pop():  # FlopMode.resume
+                _push_dispatch_mode(flop_mode)
+            popped = self.flow._popped.pop() if self.flow._popped else None  # FlowMode.resume
+            if popped is not None:
+                _push_function_mode(popped)
         if self._grad_modes and self._classes.get(type(module)) is _SENSITIVE and not torch.is_inference_mode_enabled():
             torch._C._set_grad_enabled(self._grad_modes.pop())
 
@@ -486,10 +467,13 @@ class Recorder:
         if formula is not None:  # a closed form reads the first positional tensor (closed_form's)
             self._closed_flops[record.index] = (formula, ins[0].shape, outs[0].shape if outs else None)
         else:
-            before = record.flops
-            apply_node_formula(record, module, args, outs)
-            if record.flops != before:  # a node formula (recurrent layers, packed linears): matrix products
-                self.flops_by_kind["matmul"] = self.flops_by_kind.get("matmul", 0) + record.flops - before
+            self._node_formula(record, module, args, outs)
+
+    def _node_formula(self, record: LayerCall, module: nn.Module, args: tuple, outs: list) -> None:
+        before = record.flops
+        apply_node_formula(record, module, args, outs)
+        if record.flops != before:  # a node formula (recurrent layers, packed linears): matrix products
+            self.flops_by_kind["matmul"] = self.flops_by_kind.get("matmul", 0) + record.flops - before
 
     # --- functional code between layers, and FLOPs ------------------------------------------
     def on_function(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> Any:

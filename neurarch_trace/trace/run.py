@@ -167,7 +167,7 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
     key = -1
     try:
         key = _install_hooks(tree, recorder, progress, hooked)
-        if any(flag for _, flag in training):
+        if any([flag for _, flag in training]):
             walk.set_training(model, False)
         # the fast path runs the forward without autograd (no graph, activations freed as they go);
         # the reference path and a forward that needs autograd (torch.autograd.grad) run with it

@@ -27,7 +27,7 @@ Edges = List[Tuple[int, int]]
 
 
 def _positive(shape: List[int]) -> bool:
-    return all(d > 0 for d in shape)
+    return not shape or min(shape) > 0
 
 
 def _slug(name: str) -> str:

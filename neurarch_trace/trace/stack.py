@@ -30,7 +30,7 @@ class LayerStack:
         self._model = tree.model
         #: the frames, innermost last (the recorder's leaf path appends its layer frames itself)
         self.frames: List[Tuple[str, Any]] = []
-        self._scopes: List[Tuple[str, nn.Module]] = []  # the scope frames' (qualname, module), innermost last
+        self.scopes: List[Tuple[str, nn.Module]] = []  # the scope frames' (qualname, module), innermost last
         # the path of each module under each parent (a module reached two ways has two paths)
         self._child_names: Dict[int, Dict[int, str]] = {}
         self._default_qual: Dict[int, str] = {}
@@ -43,7 +43,7 @@ class LayerStack:
 
     def push_scope(self, qual: str, module: nn.Module) -> None:
         self.frames.append((SCOPE, qual))
-        self._scopes.append((qual, module))
+        self.scopes.append((qual, module))
 
     def push_layer(self, record: Any) -> None:
         self.frames.append((LAYER, record))
@@ -52,12 +52,12 @@ class LayerStack:
         """The innermost frame, removed."""
         frame = self.frames.pop()
         if frame[0] is SCOPE:
-            self._scopes.pop()
+            self.scopes.pop()
         return frame
 
     def current_scope(self) -> str:
         """The path of the innermost scope (``""`` at the top level)."""
-        return self._scopes[-1][0] if self._scopes else ""
+        return self.scopes[-1][0] if self.scopes else ""
 
     def running_layer(self) -> Optional[Any]:
         """The record of the innermost running layer, or None."""
@@ -71,8 +71,8 @@ class LayerStack:
         its first path in the model, else its class name (a module from outside the model)."""
         if module is self._model:
             return ""
-        if self._scopes:
-            parent_qual, parent = self._scopes[-1]
+        if self.scopes:
+            parent_qual, parent = self.scopes[-1]
             child = self._child_names.get(id(parent), {}).get(id(module))
             if child is not None:
                 return f"{parent_qual}.{child}" if parent_qual else child

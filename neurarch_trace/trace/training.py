@@ -27,7 +27,7 @@ _FULL_DEPTH_FIELDS = ("id", "name", "type", "scope", "params", "inputShape", "ou
 
 
 def _layer_count(graph: Dict[str, Any]) -> int:
-    return sum(1 for c in graph["components"] if c["type"] not in ("input", "output"))
+    return len([c for c in graph["components"] if c["type"] not in ("input", "output")])
 
 
 def _structure(full: Dict[str, Any]) -> Dict[str, Any]:
