@@ -161,6 +161,33 @@ def test_module_called_twice_is_two_nodes():
     assert sources_of(graph, "fc#2") == ["act"]
 
 
+def test_names_of_modules_called_outside_their_parent():
+    """A module called from another block's forward keeps its own path; with one module under two
+    parents, each call is named by the parent it runs under."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, other: nn.Module) -> torch.Tensor:
+            return other(self.fc(x))  # a sibling's child, called in this block's scope
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = Block(), Block()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x, self.b.fc), nn.Identity())
+
+    names = [c["name"] for c in trace_model(Net(), torch.randn(2, 4))["components"]]
+    assert names == ["x", "a.fc", "b.fc", "b.fc#2", "output"]
+    shared = fm.SharedParents()
+    assert [c["name"] for c in trace_model(shared, torch.randn(1, 8))["components"]] == \
+        ["x", "enc.0", "enc.1", "dec.0", "dec.1", "output"]
+
+
 def test_inplace_residual_becomes_add():
     graph = trace_model(fm.InplaceResidual(), torch.randn(1, 8))
     assert_clean(graph)

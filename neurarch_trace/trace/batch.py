@@ -130,6 +130,26 @@ def known_batch_axis(module: Optional[nn.Module], index: int, ndim: int, is_outp
     return None
 
 
+#: :func:`fixes_no_batch_axis` of the classes it answers by class alone.
+_FREE_CLASSES: Dict[type, bool] = {}
+_QUANTIZED = "torch.ao.nn.quantized"
+
+
+def fixes_no_batch_axis(module: nn.Module) -> bool:
+    """Whether the type of ``module`` fixes no batch axis: every one but the sequence-first kinds
+    (recurrent layers, nn.MultiheadAttention, nn.Transformer*), for which :func:`known_batch_axis`
+    is None for any tensor. Kept per class, for every class but an :class:`~.modules.Opaque`
+    wrapper's (whose answer is the wrapped module's) and the quantized ones (whose recurrent check
+    reads the module's attributes)."""
+    target = inner(module)
+    free = not (is_recurrent(target) or isinstance(target, nn.MultiheadAttention)
+                or type(target).__name__.startswith("Transformer"))
+    cls = type(module)
+    if target is module and not cls.__module__.startswith(_QUANTIZED):
+        _FREE_CLASSES[cls] = free
+    return free
+
+
 def _input_state(t: torch.Tensor, batch: int) -> State:
     """An input read batch first: axis 0 when its first dim is the batch size."""
     shape = tuple(int(d) for d in t.shape)
@@ -170,18 +190,18 @@ class BatchSize:
 
     def __init__(self, traced: int) -> None:
         self.value = traced
-        self.learned = False  # a sequence-first layer said the batch (read by the recorder)
+        self._learned = False
 
     def learn(self, module: nn.Module, t: torch.Tensor, prov: frozenset, records: List[Any]) -> bool:
         """Read the batch off ``t``, the first input of ``module``, when its provenance ``prov``
         says it comes straight from a model input (an ``input`` record of ``records``); True when
         the batch size was learned now."""
-        if self.learned or t.dim() != 3:
+        if self._learned or t.dim() != 3:
             return False
         axis = known_batch_axis(module, 0, 3, False)
         if axis != 1 or not any(isinstance(k, int) and records[k].type == "input" for k in prov):
             return False
-        self.learned = True
+        self._learned = True
         self.value = int(t.shape[1])
         return True
 
@@ -297,14 +317,13 @@ class BatchAxes:
 
     # --- layers ---------------------------------------------------------------------------------
     def _free_of(self, module: nn.Module) -> bool:
-        """Whether the type of ``module`` fixes no batch axis (every one but the sequence-first
-        kinds: :func:`known_batch_axis` is None for any tensor), cached per module."""
-        free = self._free.get(id(module))
+        """:func:`fixes_no_batch_axis`, cached per module for the modules it does not answer by
+        class."""
+        free = _FREE_CLASSES.get(type(module))
         if free is None:
-            target = inner(module)
-            free = self._free[id(module)] = not (
-                is_recurrent(target) or isinstance(target, nn.MultiheadAttention)
-                or type(target).__name__.startswith("Transformer"))
+            free = self._free.get(id(module))
+            if free is None:
+                free = self._free[id(module)] = fixes_no_batch_axis(module)
         return free
 
     def layer_input(self, module: nn.Module, t: torch.Tensor) -> RawShape:
@@ -312,11 +331,15 @@ class BatchAxes:
         axis = None if self._free_of(module) else known_batch_axis(module, 0, t.dim(), False)
         return _raw(tuple(t.shape), self.of(t) if axis is None else axis)
 
-    def leaf_input(self, module: nn.Module, x: torch.Tensor) -> RawShape:
-        """:meth:`layer_input` for a layer called with the one tensor ``x`` (the recorder's path
-        for a leaf layer), in one frame for a layer whose type fixes no batch axis."""
-        free = self._free.get(id(module))
-        if not free:
+    def leaf_input(self, module: nn.Module, x: torch.Tensor, prov: frozenset, records: List[Any]) -> RawShape:
+        """The raw shape of ``x``, the one input tensor of a layer call (the recorder's path for a
+        leaf layer), of provenance ``prov``: a sequence-first layer fed a model input may reveal the
+        batch size first (:meth:`BatchSize.learn`, :meth:`relearn`), then :meth:`layer_input`; in
+        one frame for a layer whose type fixes no batch axis (whose input tells nothing)."""
+        free = _FREE_CLASSES.get(type(module))
+        if not free and (free is not None or not self._free_of(module)):
+            if self._batch.learn(module, x, prov, records):
+                self.relearn(x, 1)
             return self.layer_input(module, x)
         entry = self._states.get(id(x))
         return _raw(tuple(x.shape), entry[1] if entry is not None and entry[0]() is x else NO_BATCH)
@@ -325,8 +348,7 @@ class BatchAxes:
         """:meth:`layer_outputs` for a layer with one input tensor ``x`` and one output tensor
         ``out``, in one frame for a layer whose type fixes no batch axis (the output inherits the
         input's state, :func:`_inherit`)."""
-        free = self._free.get(id(module))
-        if not free:
+        if not _FREE_CLASSES.get(type(module)) and not self._free_of(module):
             return self.layer_outputs(module, "customModule", [x], [out])
         states = self._states
         entry = states.get(id(x))

@@ -121,7 +121,11 @@ class Recorder:
         self.zero_flop_functions = ZERO_FLOP_FUNCTIONS if self.fast else frozenset()
         self._grad_modes: List[bool] = []  # grad modes to put back after grad-sensitive modules
         self._classes: Dict[type, str] = {}  # module class -> _SENSITIVE, _PASSTHROUGH or _PLAIN
-        self._module_formulas: Dict[int, Optional[Formula]] = {}  # id(module) -> closed_form.module_formula
+        # id(module) -> closed_form.module_formula: of every leaf module here, before the forward, in
+        # one warm loop (a hook runs cold, see _settle); of any other layer at its first call
+        self._module_formulas: Dict[int, Optional[Formula]] = {}
+        if self.fast:
+            self._module_formulas = {id(m): module_formula(m) for m in tree.modules if not m._modules}
         self._whole_types: Dict[type, bool] = {}
         self._rope_types: Dict[type, bool] = {}
         self._sink: Optional[LayerCall] = None
@@ -268,9 +272,7 @@ class Recorder:
             tensors = [x]
             self._running = (args, kwargs, tensors)
             prov = self.prov_of(x)
-            if not self.batch.learned and x.dim() == 3 and self.batch.learn(module, x, prov, records):
-                self.axes.relearn(x, 1)
-            record.input_shape = self.axes.leaf_input(module, x)
+            record.input_shape = self.axes.leaf_input(module, x, prov, records)
             self._pending.append((record, [prov]))
             self._push_frame((LAYER, record))
             self.inside_layer += 1

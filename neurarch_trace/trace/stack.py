@@ -34,6 +34,13 @@ class LayerStack:
         # the path of each module under each parent (a module reached two ways has two paths)
         self._child_names: Dict[int, Dict[int, str]] = {}
         self._default_qual: Dict[int, str] = {}
+        # no module registered twice: each module has one path, which is the path it is called as
+        # (a child of the running scope is that scope's path and its name; any other module its
+        # one path, or its class name when it is not in the tree)
+        self._one_path = tree.paths is tree.named_modules
+        if self._one_path:
+            self._default_qual = {id(mod): qual for qual, mod in tree.paths}
+            return
         for qual, mod in tree.paths:
             self._default_qual.setdefault(id(mod), qual)
             self._child_names[id(mod)] = {id(c): n for n, c in mod._modules.items() if c is not None}
@@ -71,6 +78,8 @@ class LayerStack:
         its first path in the model, else its class name (a module from outside the model)."""
         if module is self._model:
             return ""
+        if self._one_path:
+            return self._default_qual.get(id(module), type(module).__name__)
         if self.scopes:
             parent_qual, parent = self.scopes[-1]
             child = self._child_names.get(id(parent), {}).get(id(module))
