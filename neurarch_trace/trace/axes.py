@@ -640,7 +640,10 @@ def _key(value: Any, state_of: Callable[[torch.Tensor], State]) -> Any:
     if cls in _TYPED:
         return (cls, value)
     if cls is tuple or cls is list or cls is torch.Size:
-        return (cls, tuple(_key(v, state_of) for v in value))
+        for v in value:
+            if type(v) is not int:
+                return (cls, tuple([_key(v, state_of) for v in value]))
+        return (cls, tuple(value))  # Python ints (a view's shape, a permutation): keyed by value
     if cls is slice:
         return (slice, _key(value.start, state_of), _key(value.stop, state_of), _key(value.step, state_of))
     raise _Uncached

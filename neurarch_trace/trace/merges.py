@@ -36,7 +36,9 @@ def merge_operands(ins: List[torch.Tensor], provs: List[frozenset]) -> Optional[
     """The operands that carry provenance, when at least two of them come from different
     producers; None when the call merges nothing."""
     operands = [(t, p) for t, p in zip(ins, provs) if p]
-    if len(operands) >= 2 and len({p for _, p in operands}) >= 2:
+    if len(operands) == 2:  # the common case (a residual add): no set
+        return operands if operands[0][1] != operands[1][1] else None
+    if len(operands) > 2 and len({p for _, p in operands}) >= 2:
         return operands
     return None
 
@@ -55,12 +57,14 @@ def merge_record(index: int, kind: str, scope: str, operands: Operands, out: Any
                 if state is not UNKNOWN:
                     axes.refine(t, state)
     # the operand computed by a layer, rather than a parameter (a ViT's class token), is the input
-    first = next((t for t, prov in operands if any(isinstance(k, int) for k in prov)), operands[0][0])
-    record.input_shape = axes.shape(first)
-    record.operand_shapes = [axes.shape(t) for t, _ in operands]
-    record.param_operands = learned_operands(operands)
+    computed = [_computed(prov) for _, prov in operands]
+    first = operands[computed.index(True)][0] if True in computed else operands[0][0]
+    shape = axes.shape
+    record.input_shape = shape(first)
+    record.operand_shapes = [shape(t) for t, _ in operands]
+    record.param_operands = [] if all(computed) else learned_operands(operands)
     for t in outs:
-        record.output_shapes.append(axes.shape(t))
+        record.output_shapes.append(shape(t))
         record.output_bytes += t.numel() * t.element_size()
     if outs:
         record.output_dtype = dtype_name(outs[0].dtype)
@@ -75,7 +79,7 @@ def learned_operands(operands: Operands) -> list:
     gate, is not listed."""
     found = []
     for i, (_, prov) in enumerate(operands):
-        if any(isinstance(k, int) for k in prov):
+        if _computed(prov):
             continue
         entry: dict = {"operand": i}
         params = sorted(k[len("param:"):] for k in prov if k.startswith("param:"))
@@ -86,6 +90,14 @@ def learned_operands(operands: Operands) -> list:
             entry["buffers"] = buffers
         found.append(entry)
     return found
+
+
+def _computed(prov: frozenset) -> bool:
+    """The provenance names a record (a layer, a merge or an input), not only parameters."""
+    for key in prov:
+        if type(key) is int:
+            return True
+    return False
 
 
 def _aligned_operand(kind: str, t: torch.Tensor, out: torch.Tensor, state: Any) -> Any:

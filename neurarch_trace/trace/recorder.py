@@ -485,7 +485,7 @@ class Recorder:
             return out  # x.shape, x.size(-1), x.dim(), x.dtype: nothing to carry provenance to
         ins = arg_tensors(args)
         if kwargs:
-            ins.extend(iter_tensors({k: v for k, v in kwargs.items() if k != "out"}))
+            ins.extend(arg_tensors([v for k, v in kwargs.items() if k != "out"]))  # iter_tensors' order
         name = getattr(func, "__name__", "")
         if not ins:
             self.axes.made(name, out)
