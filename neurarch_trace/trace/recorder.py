@@ -121,8 +121,8 @@ class Recorder:
         self.zero_flop_functions = ZERO_FLOP_FUNCTIONS if self.fast else frozenset()
         self._grad_modes: List[bool] = []  # grad modes to put back after grad-sensitive modules
         self._classes: Dict[type, str] = {}  # module class -> _SENSITIVE, _PASSTHROUGH or _PLAIN
-        # id(module) -> closed_form.module_formula: of every leaf module here, before the forward, in
-        # one warm loop (a hook runs cold, see _settle); of any other layer at its first call
+        # id(module) -> closed_form.module_formula of every leaf module, read here before the forward,
+        # in one warm loop (a hook runs cold, see _settle); closed_form reads any other layer's itself
         self._module_formulas: Dict[int, Optional[Formula]] = {}
         if self.fast:
             self._module_formulas = {id(m): module_formula(m) for m in tree.modules if not m._modules}
@@ -277,14 +277,8 @@ class Recorder:
             self._push_frame((LAYER, record))
             self.inside_layer += 1
             self._sink = record
-            formula = None
-            if popped:
-                formula = self._module_formulas.get(id(module), False)
-                if formula is False:
-                    formula = self._module_formulas[id(module)] = module_formula(module)
-                if formula is not None:
-                    formula = closed_form(module, args, kwargs, formula)
-            self._closed = formula
+            formula = self._closed = closed_form(module, args, kwargs, self._module_formulas.get(id(module), False)) \
+                if popped else None
             if formula is None:
                 flop_mode.resume()
             return
@@ -305,11 +299,7 @@ class Recorder:
         # a closed form only when the FLOP mode really is off the stack (no other mode above it)
         formula = None
         if self.fast and popped:
-            formula = self._module_formulas.get(id(module), False)
-            if formula is False:
-                formula = self._module_formulas[id(module)] = module_formula(module)
-            if formula is not None:
-                formula = closed_form(module, args, kwargs, formula)
+            formula = closed_form(module, args, kwargs, self._module_formulas.get(id(module), False))
         self._closed = formula
         if formula is None:
             self.flop_mode.resume()
