@@ -634,9 +634,12 @@ def _key(value: Any, state_of: Callable[[torch.Tensor], State]) -> Any:
         return value
     if isinstance(value, torch.Tensor):
         # an integer or 0-d tensor may be read as a value (an index, a dim); a subclass may be anything
-        if value.dim() == 0 or not value.is_floating_point() or cls not in _PLAIN_TENSORS:
+        if cls not in _PLAIN_TENSORS:
             raise _Uncached
-        return (torch.Tensor, tuple(value.shape), value.dtype, state_of(value))
+        shape, dtype = tuple(value.shape), value.dtype
+        if not shape or not dtype.is_floating_point:
+            raise _Uncached
+        return (torch.Tensor, shape, dtype, state_of(value))
     if cls in _TYPED:
         return (cls, value)
     if cls is tuple or cls is list or cls is torch.Size:

@@ -353,15 +353,16 @@ class BatchAxes:
         states = self._states
         entry = states.get(id(x))
         state = entry[1] if entry is not None and entry[0]() is x else NO_BATCH
+        shape = tuple(out.shape)
         if type(state) is int and state >= 0:  # the common case: _inherit's first candidate, the same axis
-            if not (state < out.dim() and out.shape[state] == x.shape[state]):
+            if not (state < len(shape) and shape[state] == x.shape[state]):
                 state = _inherit(x, state, out)
         elif isinstance(state, Merged):
             state = _inherit(x, state, out)
         key = id(out)
         if state != NO_BATCH or key in states:  # as set() does
             states[key] = (weakref.ref(out), state)
-        shapes = [_raw(tuple(out.shape), state)]
+        shapes = [_raw(shape, state)]
         if state is UNKNOWN:
             self._pending[key] = (weakref.ref(out), shapes, 0)
         return shapes

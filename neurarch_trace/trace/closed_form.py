@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Dict, Iterator, Optional, Union
+from typing import Callable, Dict, Iterator, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -41,28 +41,30 @@ from neurarch_trace.trace.tensors import iter_tensors
 __all__ = ["Formula", "ZERO_FLOP_FUNCTIONS", "closed_form", "enabled", "formula_for", "formula_kind", "module_formula",
            "plain_types", "reference_path"]
 
-#: ``formula(module, first input's shape, first output's shape) -> FLOPs`` at the traced batch.
-Formula = Callable[[nn.Module, torch.Size, Optional[torch.Size]], int]
+#: ``formula(module, first input's shape, first output's shape) -> FLOPs`` at the traced batch; a
+#: shape is a ``torch.Size`` or a tuple of ints.
+Shape = Tuple[int, ...]
+Formula = Callable[[nn.Module, Shape, Optional[Shape]], int]
 
 
-def _zero(module: nn.Module, x: torch.Size, out: Optional[torch.Size]) -> int:
+def _zero(module: nn.Module, x: Shape, out: Optional[Shape]) -> int:
     return 0
 
 
-def _linear(module: nn.Module, x: torch.Size, out: Optional[torch.Size]) -> int:
+def _linear(module: nn.Module, x: Shape, out: Optional[Shape]) -> int:
     # F.linear folds every leading dim into rows: mm/addmm (2-D and more), mv (1-D)
     in_features, out_features = int(module.weight.shape[1]), int(module.weight.shape[0])
     return 2 * math.prod(x[:-1]) * in_features * out_features
 
 
-def _hf_conv1d(module: nn.Module, x: torch.Size, out: Optional[torch.Size]) -> int:
+def _hf_conv1d(module: nn.Module, x: Shape, out: Optional[Shape]) -> int:
     # transformers' Conv1D: addmm(bias, x.view(-1, in), weight) with weight (in, out)
     in_features, out_features = int(module.weight.shape[0]), int(module.weight.shape[1])
     return 2 * math.prod(x[:-1]) * in_features * out_features
 
 
 def _conv(transposed: bool) -> Formula:
-    def formula(module: nn.Module, x: torch.Size, out: Optional[torch.Size]) -> int:
+    def formula(module: nn.Module, x: Shape, out: Optional[Shape]) -> int:
         return int(conv_flop_count(list(x), list(module.weight.shape), list(out), transposed=transposed))
 
     _CONV_FORMULAS.add(formula)

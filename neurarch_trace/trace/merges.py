@@ -58,10 +58,9 @@ def merge_record(index: int, kind: str, scope: str, operands: Operands, out: Any
                     axes.refine(t, state)
     # the operand computed by a layer, rather than a parameter (a ViT's class token), is the input
     computed = [_computed(prov) for _, prov in operands]
-    first = operands[computed.index(True)][0] if True in computed else operands[0][0]
     shape = axes.shape
-    record.input_shape = shape(first)
     record.operand_shapes = [shape(t) for t, _ in operands]
+    record.input_shape = record.operand_shapes[computed.index(True) if True in computed else 0]
     record.param_operands = [] if all(computed) else learned_operands(operands)
     for t in outs:
         record.output_shapes.append(shape(t))

@@ -16,6 +16,7 @@ layer of calls per tensor.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Optional, Set
 
 import torch
@@ -325,12 +326,13 @@ class Recorder:
                     # (see the leaf path of pre_hook)
                     self._running = _NOT_RUNNING
                     x = ins[0]
-                    record.output_shapes = self.axes.leaf_output(module, x, output)
-                    record.output_bytes += output.numel() * output.element_size()
+                    shapes = record.output_shapes = self.axes.leaf_output(module, x, output)
+                    dtype = record.output_dtype = output.dtype  # its name in _settle
+                    out_shape = shapes[0][0]
+                    record.output_bytes += math.prod(out_shape) * dtype.itemsize  # numel() * element_size()
                     self.set_prov(output, frozenset((record.index,)))
-                    record.output_dtype = output.dtype  # its name in _settle
                     if formula is not None:
-                        self._closed_flops[record.index] = (formula, x.shape, output.shape)
+                        self._closed_flops[record.index] = (formula, x.shape, out_shape)
                     else:
                         self._node_formula(record, module, args, [output])
                 else:
