@@ -252,11 +252,11 @@ class Recorder:
             self.stack.push_skip()
             return
         if kind is _PLAIN and not module._modules and not kwargs and len(args) == 1 and \
-                type(args[0]) is torch.Tensor and self.fast and not self.on_meta:
-            # a leaf layer called with one plain tensor (most calls of most models), off the meta
-            # device: what _new_layer and the modes' suspend do below, in this one frame. A hook runs
-            # between kernels that have pushed its code and data out of the CPU caches, and each
-            # Python call it makes costs a few cache misses more.
+                type(args[0]) is torch.Tensor and self.fast:
+            # a leaf layer called with one plain tensor (most calls of most models): what _new_layer
+            # and the modes' suspend do below, in this one frame. A hook runs between kernels that
+            # have pushed its code and data out of the CPU caches, and each Python call it makes
+            # costs a few cache misses more.
             x = args[0]
             qual = self.stack.qualname(module)
             flow, flop_mode = self.flow, self.flop_mode
@@ -267,6 +267,8 @@ class Recorder:
             if popped:
                 _pop_dispatch_mode(None)
             flop_mode._popped.append(popped)
+            if self.on_meta:  # as _new_layer: raised with the modes popped, which _forward puts back
+                _check_meta_dtype(module, qual or self.root_name, x)
             records = self.records
             record = LayerCall(len(records), "customModule", "", module, qual)
             records.append(record)
