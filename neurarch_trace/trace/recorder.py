@@ -11,7 +11,11 @@ which charges the innermost running layer, or the functional total when none run
 :meth:`on_function` runs for every torch call between layers and looks up every operand's
 provenance, :meth:`on_flops` for every aten call, the hooks for every module call: they read the
 recorder's own state and methods bound once in ``__init__`` (``prov_of``, ``set_prov``), and add no
-layer of calls per tensor.
+layer of calls per tensor. The hooks run between a model's kernels, with the CPU caches cold: a
+leaf layer called with one tensor (most calls) takes a path through each hook that does its work in
+that hook's frame, and what a module's class or the tree decides is read before the forward (each
+leaf's closed form) or kept per class (whether a class fixes a batch axis). The graphs are the same
+on every path (``tests/test_closed_form.py`` compares them with the reference path's).
 """
 
 from __future__ import annotations
