@@ -224,6 +224,55 @@ def test_depth_never_changes_a_number_of_a_transformers_card() -> None:
     assert cards[1] == cards[0] and cards[2] == cards[0]
 
 
+class _Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(16, 32, num_layers=2)
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return self.proj(out)
+
+
+class _SequenceFirst(nn.Module):
+    """``(L, N, 16)`` in, ``(N, 5)`` out: a sequence-first LSTM fed the model's input inside a
+    block of the user's, which ``--depth 0`` and ``--depth 1`` cut into one node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = _Encoder()
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(x)[-1])
+
+
+def test_depth_never_changes_the_batch_of_a_sequence_first_model() -> None:
+    """The batch axis of a sequence-first model is told by its nn.LSTM (axis 1 of ``(7, 3, 16)``);
+    a depth that cuts the LSTM into a bigger node reads it from the full-depth trace: the batch
+    size, the input's batchless shape, the rehearsed batch sizes and the card are those of the
+    full depth."""
+    torch.manual_seed(0)
+    model = _SequenceFirst()
+    x = torch.randn(7, 3, 16)
+    graphs = {depth: trace_model(model, x, depth=depth) for depth in (None, 0, 1)}
+    for depth, graph in graphs.items():
+        assert graph["measured"]["batchSize"] == 3, depth
+        assert graph["components"][0]["outputShape"] == [7, 16], depth
+        assert graph["measured"]["training"]["batchSizes"] == [3, 6], depth
+        assert graph["components"][-1]["measured"]["outputShapes"] == [[5]], depth
+    assert [c["name"] for c in graphs[0]["components"]] == ["x", "_SequenceFirst", "output"]
+    assert graphs[0]["components"][1]["inputShape"] == [7, 16]
+    plans = {depth: make_plan(graph)["plan"] for depth, graph in graphs.items()}
+    for depth in (0, 1):  # the card's memory, batch and fit (its FLOPs: see the note below)
+        assert plans[depth]["memory"] == plans[None]["memory"], depth
+        assert plans[depth]["fit"] == plans[None]["fit"], depth
+    # left: inside a node a depth cuts, an LSTM is counted op by op, and its CPU kernel
+    # (aten.mkldnn_rnn_layer) has no FLOP formula; at full depth its node formula counts it
+    assert graphs[None]["measured"]["uncountedOps"] == []
+
+
 def _small(name: str) -> tuple[nn.Module, int]:
     torch.manual_seed(0)
     if name == "gpt2":

@@ -191,6 +191,8 @@ class BatchSize:
     def __init__(self, traced: int) -> None:
         self.value = traced
         self._learned = False
+        #: the shape of the tensor the sequence-first layer was fed when the batch was learned
+        self.fed_shape: Optional[Tuple[int, ...]] = None
 
     def learn(self, module: nn.Module, t: torch.Tensor, prov: frozenset, records: List[Any]) -> bool:
         """Read the batch off ``t``, the first input of ``module``, when its provenance ``prov``
@@ -203,7 +205,13 @@ class BatchSize:
             return False
         self._learned = True
         self.value = int(t.shape[1])
+        self.fed_shape = tuple(t.shape)
         return True
+
+    def adopt(self, value: int, fed_shape: Tuple[int, ...]) -> None:
+        """Take the batch size another trace of the same call learned (the full-depth trace, when
+        a depth cuts the layer that tells it off: ``--depth 0`` makes the whole model one node)."""
+        self.value, self.fed_shape, self._learned = value, fed_shape, True
 
 
 class BatchAxes:
@@ -260,15 +268,20 @@ class BatchAxes:
 
     def relearn(self, fed: torch.Tensor, axis: int) -> None:
         """The batch size was learned from ``fed`` (a sequence-first layer's input, batch on
-        ``axis``): read every input again; the input ``fed`` is (or has the shape of) carries it
-        there."""
+        ``axis``): read every input again (:meth:`reread_inputs`); ``fed`` carries it there."""
+        self.reread_inputs(tuple(fed.shape), axis)
+        self.set(fed, axis)
+
+    def reread_inputs(self, fed_shape: Tuple[int, ...], axis: int) -> None:
+        """Read every input again after the batch size was learned from a tensor of shape
+        ``fed_shape`` with the batch on ``axis``: an input of that shape carries it there, any
+        other is read batch first again."""
         for record, t, is_sample in self._inputs:
             if is_sample:
                 continue
-            state = axis if (t is fed or tuple(t.shape) == tuple(fed.shape)) else _input_state(t, self._batch.value)
+            state = axis if tuple(t.shape) == fed_shape else _input_state(t, self._batch.value)
             self.set(t, state)
             record.output_shapes = [self.shape(t, state)]
-        self.set(fed, axis)
 
     # --- functional code --------------------------------------------------------------------------
     def follow(self, func: Any, name: str, args: tuple, kwargs: dict, ins: List[torch.Tensor],

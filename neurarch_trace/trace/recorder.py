@@ -151,6 +151,13 @@ class Recorder:
         self._pop_scope = self.stack.scopes.pop
 
     # --- inputs and output ------------------------------------------------------------------
+    def adopt_batch(self, batch_size: int, fed_shape: tuple) -> None:
+        """After :meth:`add_input`: the batch size another trace of the same call learned from a
+        sequence-first layer fed a tensor of ``fed_shape`` (batch on axis 1), which this trace's
+        depth cuts off (:meth:`.batch.BatchSize.adopt`)."""
+        self.batch.adopt(batch_size, fed_shape)
+        self.axes.reread_inputs(fed_shape, 1)
+
     def add_input(self, name: str, t: torch.Tensor) -> None:
         """Record a model input tensor (before the forward); ``name`` is made unique against the
         layer names in :meth:`finish`."""
@@ -194,6 +201,7 @@ class Recorder:
             functional_uncounted=self.functional_uncounted,
             flops_by_kind=dict(sorted(self.flops_by_kind.items())),
             scalars=self.scalars,
+            fed_shape=self.batch.fed_shape,
         )
 
     def where(self) -> str:

@@ -127,3 +127,6 @@ class Recording:
     functional_uncounted: Set[str]
     flops_by_kind: Dict[str, int] = dataclasses.field(default_factory=dict)
     scalars: List[Any] = dataclasses.field(default_factory=list)
+    #: the shape a sequence-first layer was fed when it told the batch size (batch on axis 1), or
+    #: None when the inputs were read batch first (:class:`~.batch.BatchSize`)
+    fed_shape: Optional[tuple] = None

@@ -261,6 +261,15 @@ def trace_model(
         if not output_tensors(output):
             warn_no_output(model, graph_name)
         warn_unused_inputs(model, _unused_inputs(recording, _swallowed_keywords(model, call_kwargs)))
+        full_recording = None
+        if depth is not None:  # the plan sizes the model, not the view a depth cuts
+            full_recording = _quietly(_record, model, args, call_kwargs, named_inputs, tensors, None, graph_name,
+                                      None)[0]
+            if full_recording.fed_shape is not None and recording.fed_shape is None:
+                # the layer that tells the batch (a sequence-first nn.LSTM) is inside a node of the
+                # cut: the cut trace reads the inputs as the full one learned to
+                recording = _quietly(_record, model, args, call_kwargs, named_inputs, tensors, depth, graph_name,
+                                     None, (full_recording.batch_size, full_recording.fed_shape))[0]
         step = None
         if training_step:  # its forward rebinds what the traced one did (a counter, a cache): put back
             with state_kept(walk.Tree(model), values=False):
@@ -268,10 +277,21 @@ def trace_model(
                                               scalars=recording.scalars)
         graph = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name,
                             description=description)
-        full = None if depth is None else _full_depth(model, args, call_kwargs, named_inputs, tensors, graph_name,
-                                                     description, step)
+        full = None
+        if full_recording is not None:
+            full = build_graph(full_recording, model=model, named_inputs=named_inputs, name=graph_name,
+                               description=description)
+            attach_training(full, full_recording, step, None)
         attach_training(graph, recording, step, full)
     return graph
+
+
+def _quietly(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` with its warnings not shown: the same forward again, whose warnings the
+    first trace told already."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return function(*args)
 
 
 def _swallowed_keywords(model: nn.Module, kwargs: dict) -> set:
@@ -296,25 +316,15 @@ def _unused_inputs(recording: Recording, keywords: set) -> List[str]:
             if r.index not in used and r.name.split(".", 1)[0] in keywords]
 
 
-def _full_depth(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tuple[str, Any]],
-                tensors: List[Tuple[str, torch.Tensor]], graph_name: str, description: Optional[str],
-                step: Optional[dict]) -> dict:
-    """The graph at full depth, with the step: the plan sizes the model, not the view a ``depth``
-    cuts (:func:`~.training.attach_training` keeps its structure)."""
-    with warnings.catch_warnings():  # the same forward again: its warnings were told already
-        warnings.simplefilter("ignore")
-        recording, _ = _record(model, args, kwargs, named_inputs, tensors, None, graph_name, None)
-    full = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name, description=description)
-    attach_training(full, recording, step, None)
-    return full
-
-
 def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tuple[str, Any]],
             tensors: List[Tuple[str, torch.Tensor]], depth: Optional[int], graph_name: str,
-            progress: Optional[Callable[[int], None]]) -> Tuple[Recording, Any]:
+            progress: Optional[Callable[[int], None]],
+            learned: Optional[Tuple[int, tuple]] = None) -> Tuple[Recording, Any]:
     """One forward pass under a recorder cut at ``depth``: the recording and the forward's output;
     once more with autograd if the forward needs it (it calls ``torch.autograd.grad``). The model
-    comes back as it was (:mod:`.guard`), its fused fast paths off while it runs."""
+    comes back as it was (:mod:`.guard`), its fused fast paths off while it runs. ``learned``:
+    ``(batch size, fed shape)`` a full-depth trace of the call learned from a sequence-first layer
+    (:meth:`~.recorder.Recorder.adopt_batch`)."""
     batch, samples = sample_inputs(named_inputs)
     batch_size = batch if batch is not None else int(tensors[0][1].shape[0])
 
@@ -323,6 +333,8 @@ def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tupl
                             samples=frozenset(samples))
         for input_name, t in tensors:
             recorder.add_input(input_name, t)
+        if learned is not None:
+            recorder.adopt_batch(*learned)
         return recorder
 
     # the module tree with the scripted parts wrapped, walked once (twice with TorchScript parts)
