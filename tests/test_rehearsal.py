@@ -250,9 +250,9 @@ class _SequenceFirst(nn.Module):
 
 def test_depth_never_changes_the_batch_of_a_sequence_first_model() -> None:
     """The batch axis of a sequence-first model is told by its nn.LSTM (axis 1 of ``(7, 3, 16)``);
-    a depth that cuts the LSTM into a bigger node reads it from the full-depth trace: the batch
-    size, the input's batchless shape, the rehearsed batch sizes and the card are those of the
-    full depth."""
+    a depth that cuts the LSTM into a bigger node reads it from the full-depth trace, and counts
+    the LSTM by its own formula inside that node: the batch size, the input's batchless shape, the
+    rehearsed batch sizes, the FLOPs and the card are those of the full depth."""
     torch.manual_seed(0)
     model = _SequenceFirst()
     x = torch.randn(7, 3, 16)
@@ -264,13 +264,17 @@ def test_depth_never_changes_the_batch_of_a_sequence_first_model() -> None:
         assert graph["components"][-1]["measured"]["outputShapes"] == [[5]], depth
     assert [c["name"] for c in graphs[0]["components"]] == ["x", "_SequenceFirst", "output"]
     assert graphs[0]["components"][1]["inputShape"] == [7, 16]
-    plans = {depth: make_plan(graph)["plan"] for depth, graph in graphs.items()}
-    for depth in (0, 1):  # the card's memory, batch and fit (its FLOPs: see the note below)
-        assert plans[depth]["memory"] == plans[None]["memory"], depth
-        assert plans[depth]["fit"] == plans[None]["fit"], depth
-    # left: inside a node a depth cuts, an LSTM is counted op by op, and its CPU kernel
-    # (aten.mkldnn_rnn_layer) has no FLOP formula; at full depth its node formula counts it
-    assert graphs[None]["measured"]["uncountedOps"] == []
+    # the LSTM inside a node is counted by its node formula, as at full depth (its CPU kernel,
+    # aten.mkldnn_rnn_layer, has no FLOP formula): 2 layers x 7 steps x 3 sequences x
+    # 2 * 4 gates * 32 * (16 + 32) and 2 * 4 * 32 * (32 + 32), plus the two linears
+    lstm = 7 * 3 * (2 * 4 * 32 * (16 + 32) + 2 * 4 * 32 * (32 + 32))
+    flops = lstm + 2 * 7 * 3 * 32 * 32 + 2 * 3 * 32 * 5
+    for depth, graph in graphs.items():
+        assert graph["measured"]["flops"] == flops and graph["measured"]["uncountedOps"] == [], depth
+        assert graph["measured"]["flopsByKind"] == {"matmul": flops}, depth
+    assert graphs[0]["components"][1]["measured"]["flops"] == flops
+    cards = {depth: _card_numbers(make_plan(graph)["text"]) for depth, graph in graphs.items()}
+    assert cards[0] == cards[None] and cards[1] == cards[None]
 
 
 def _small(name: str) -> tuple[nn.Module, int]:

@@ -36,7 +36,7 @@ from neurarch_trace.trace.closed_form import ZERO_FLOP_FUNCTIONS, Formula, close
 from neurarch_trace.trace.closed_form import enabled as fast_paths_enabled
 from neurarch_trace.trace.kinds import LayerKinds, apply_node_formula
 from neurarch_trace.trace.merges import MERGES, merge_operands, merge_record
-from neurarch_trace.trace.modules import inner
+from neurarch_trace.trace.modules import inner, is_recurrent
 from neurarch_trace.trace.ownership import Ownership, packed_param_count
 from neurarch_trace.trace.provenance import EMPTY, NO_TENSOR_RESULT, FlowMode, Provenance
 from neurarch_trace.trace.records import LayerCall, Recording
@@ -68,7 +68,9 @@ _SAME_DTYPE = (nn.Linear, nn.Bilinear)
 #: ``Recorder._running`` between layer calls.
 _NOT_RUNNING = (None, None, [])
 #: What the pre-hook needs of a module's class (:meth:`Recorder._class_kind`).
-_SENSITIVE, _PASSTHROUGH, _PLAIN = "grad-sensitive", "passthrough", "plain"
+_SENSITIVE, _PASSTHROUGH, _RECURRENT, _PLAIN = "grad-sensitive", "passthrough", "recurrent", "plain"
+#: The frame of a recurrent layer called inside a layer (see :meth:`Recorder._inner_recurrent`).
+_INNER_RECURRENT = "inner recurrent"
 #: Modules whose forward checks the grad mode (fused inference fast paths).
 _GRAD_SENSITIVE = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 
@@ -258,7 +260,11 @@ class Recorder:
             self._grad_modes.append(torch.is_grad_enabled())
             torch._C._set_grad_enabled(True)
         if self.inside_layer or self.paused:  # inside a layer, or the recorder reading a parametrized weight
-            self.stack.push_skip()
+            if kind is _RECURRENT and not self.paused and self._sink is not None:  # see _inner_recurrent
+                self._push_frame((_INNER_RECURRENT, (self._sink, self._sink.flops, self.flops_by_kind.get("matmul", 0),
+                                                     frozenset(self._sink.uncounted))))
+            else:
+                self.stack.push_skip()
             return
         if kind is _PASSTHROUGH and module is not self.model:
             self.stack.push_skip()
@@ -324,6 +330,8 @@ class Recorder:
         kind, record = self._pop_frame()  # LayerStack.pop
         if kind is SCOPE:
             self._pop_scope()
+        elif kind is _INNER_RECURRENT:
+            self._inner_recurrent(module, args, *record)
         elif kind is LAYER:
             self.inside_layer -= 1
             self._sink = None
@@ -361,6 +369,24 @@ class Recorder:
         if self._grad_modes and self._classes.get(type(module)) is _SENSITIVE and not torch.is_inference_mode_enabled():
             torch._C._set_grad_enabled(self._grad_modes.pop())
 
+    def _inner_recurrent(self, module: nn.Module, args: tuple, sink: LayerCall, flops_before: int,
+                         matmul_before: int, uncounted_before: frozenset) -> None:
+        """An nn.LSTM/GRU/RNN ran inside the layer ``sink`` (a node a depth cuts, or a container
+        the mapping takes whole): its FLOPs by the recurrent layer's node formula, as a full-depth
+        trace counts them, in place of what the dispatch mode counted of its ops (the CPU's
+        ``aten.mkldnn_rnn_layer`` has no formula). ``*_before``: the sink's FLOPs, the pass's
+        matrix-product FLOPs and the sink's uncounted ops when the recurrent call began."""
+        own = LayerCall(0, "customModule")
+        own.uncounted = set(sink.uncounted) - uncounted_before  # the ops of this call without a formula
+        own.flops = -1
+        apply_node_formula(own, module, args, [])
+        if own.flops < 0:  # no formula for this call (an input the formula does not read)
+            return
+        sink.flops = flops_before + own.flops
+        sink.uncounted = set(uncounted_before) | own.uncounted
+        if self.flops_by_kind.get("matmul", 0) != matmul_before + own.flops:
+            self.flops_by_kind["matmul"] = matmul_before + own.flops
+
     def _axes_kind(self, module: nn.Module, ins: list) -> str:
         """The layer's type as far as the batch axes need it before :meth:`_settle` types it:
         ``rope`` (whose outputs follow its second input, the position ids), else ``customModule``."""
@@ -377,9 +403,12 @@ class Recorder:
         and nn.TransformerEncoder(Layer), which take a fused fast path when autograd is off (on the
         fast path, a forward under ``no_grad``, they run with autograd on, as on the reference
         path, unless the model itself runs them under ``inference_mode``); :data:`_PASSTHROUGH`
-        for a module that gets no node (nn.Identity); else :data:`_PLAIN`."""
+        for a module that gets no node (nn.Identity); :data:`_RECURRENT` for nn.LSTM/GRU/RNN (see
+        :meth:`_inner_recurrent`); else :data:`_PLAIN`."""
         if self.fast and issubclass(cls, _GRAD_SENSITIVE):
             return _SENSITIVE
+        if is_recurrent(module):
+            return _RECURRENT
         return _PASSTHROUGH if is_passthrough(module) else _PLAIN
 
     # --- layers -----------------------------------------------------------------------------

@@ -261,29 +261,41 @@ def trace_model(
         if not output_tensors(output):
             warn_no_output(model, graph_name)
         warn_unused_inputs(model, _unused_inputs(recording, _swallowed_keywords(model, call_kwargs)))
-        full_recording = None
-        if depth is not None:  # the plan sizes the model, not the view a depth cuts
-            full_recording = _quietly(_record, model, args, call_kwargs, named_inputs, tensors, None, graph_name,
-                                      None)[0]
-            if full_recording.fed_shape is not None and recording.fed_shape is None:
-                # the layer that tells the batch (a sequence-first nn.LSTM) is inside a node of the
-                # cut: the cut trace reads the inputs as the full one learned to
-                recording = _quietly(_record, model, args, call_kwargs, named_inputs, tensors, depth, graph_name,
-                                     None, (full_recording.batch_size, full_recording.fed_shape))[0]
+        # the plan sizes the model, not the view a depth cuts
+        recording, full_recording = _at_full_depth(recording, model, args, call_kwargs, named_inputs, tensors, depth,
+                                                   graph_name)
         step = None
         if training_step:  # its forward rebinds what the traced one did (a counter, a cache): put back
             with state_kept(walk.Tree(model), values=False):
                 step = rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
                                               scalars=recording.scalars)
-        graph = build_graph(recording, model=model, named_inputs=named_inputs, name=graph_name,
-                            description=description)
-        full = None
-        if full_recording is not None:
-            full = build_graph(full_recording, model=model, named_inputs=named_inputs, name=graph_name,
-                               description=description)
-            attach_training(full, full_recording, step, None)
-        attach_training(graph, recording, step, full)
+        full = None if full_recording is None else _graph(full_recording, None, step, model, named_inputs,
+                                                          graph_name, description)
+        return _graph(recording, full, step, model, named_inputs, graph_name, description)
+
+
+def _graph(recording: Recording, full: Optional[dict], step: Optional[dict], model: nn.Module,
+           named_inputs: List[Tuple[str, Any]], name: str, description: Optional[str]) -> dict:
+    """The graph of ``recording`` with the step and, when a depth cut it, the full-depth graph."""
+    graph = build_graph(recording, model=model, named_inputs=named_inputs, name=name, description=description)
+    attach_training(graph, recording, step, full)
     return graph
+
+
+def _at_full_depth(recording: Recording, model: nn.Module, args: tuple, kwargs: dict,
+                   named_inputs: List[Tuple[str, Any]], tensors: List[Tuple[str, torch.Tensor]],
+                   depth: Optional[int], graph_name: str) -> Tuple[Recording, Optional[Recording]]:
+    """``(the cut recording, the full-depth one)`` of a trace cut at ``depth``, whose ``recording``
+    is given (``(recording, None)`` at full depth). When the layer that tells the batch (a
+    sequence-first nn.LSTM fed the input) is inside a node of the cut, the cut trace runs again,
+    reading the inputs as the full one learned to."""
+    if depth is None:
+        return recording, None
+    full = _quietly(_record, model, args, kwargs, named_inputs, tensors, None, graph_name, None)[0]
+    if full.fed_shape is not None and recording.fed_shape is None:
+        recording = _quietly(_record, model, args, kwargs, named_inputs, tensors, depth, graph_name, None,
+                             (full.batch_size, full.fed_shape))[0]
+    return recording, full
 
 
 def _quietly(function: Callable[..., Any], *args: Any) -> Any:
