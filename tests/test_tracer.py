@@ -263,6 +263,39 @@ def test_depth_cuts_containers():
     assert g1["measured"]["flops"] == g2["measured"]["flops"] == g_full["measured"]["flops"]
 
 
+def test_a_cut_node_owns_what_it_calls_from_elsewhere():
+    """At ``--depth 1`` a block whose forward calls another block's layer uses that layer's weights:
+    its node owns them (nobody did before), so the nodes' parameters add up to the model's and
+    none are unused; at full depth the layer is its own node under the caller's scope."""
+
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, helper: nn.Module) -> torch.Tensor:
+            return helper(self.fc(x))
+
+    class CrossCall(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.b1, self.b2 = Inner(), Inner()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b1(x, self.b2.fc)
+
+    model = CrossCall()
+    total = sum(p.numel() for p in model.parameters())
+    assert total == 2 * (8 * 8 + 8)
+    for depth in (None, 1):
+        graph = trace_model(model, torch.randn(3, 8), depth=depth, training_step=False)
+        assert graph["measured"]["params"] == total and graph["measured"]["unusedParams"] == 0, depth
+        assert sum(c["measured"].get("params", 0) for c in graph["components"]) == total, depth
+    comps = by_name(graph)
+    assert comps["b1"]["measured"]["params"] == total and comps["b1"]["params"]["paramCount"] == total
+    assert comps["b1"]["measured"]["flops"] == 2 * 2 * 3 * 8 * 8  # both linears, 3 rows each
+
+
 def test_depth_names_what_a_container_is():
     layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
     model = nn.Sequential(layer)

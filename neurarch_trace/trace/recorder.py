@@ -141,6 +141,9 @@ class Recorder:
         self._settled = 0
         self._closed_flops: Dict[int, tuple] = {}  # record index -> (formula, input shape, output shape)
         self._first_call: Dict[int, LayerCall] = {}
+        # record index -> the modules called inside that layer (a node a depth cuts calling a module
+        # from elsewhere in the tree): the layer owns what they use and nobody owned before
+        self._inner_modules: Dict[int, List[nn.Module]] = {}
         self._qual_calls: Dict[str, int] = {}
         self._input_count = 0
         self.names.reserve("output")
@@ -260,11 +263,7 @@ class Recorder:
             self._grad_modes.append(torch.is_grad_enabled())
             torch._C._set_grad_enabled(True)
         if self.inside_layer or self.paused:  # inside a layer, or the recorder reading a parametrized weight
-            if kind is _RECURRENT and not self.paused and self._sink is not None:  # see _inner_recurrent
-                self._push_frame((_INNER_RECURRENT, (self._sink, self._sink.flops, self.flops_by_kind.get("matmul", 0),
-                                                     frozenset(self._sink.uncounted))))
-            else:
-                self.stack.push_skip()
+            self._call_inside_layer(module, kind)
             return
         if kind is _PASSTHROUGH and module is not self.model:
             self.stack.push_skip()
@@ -369,6 +368,21 @@ class Recorder:
         if self._grad_modes and self._classes.get(type(module)) is _SENSITIVE and not torch.is_inference_mode_enabled():
             torch._C._set_grad_enabled(self._grad_modes.pop())
 
+    def _call_inside_layer(self, module: nn.Module, kind: str) -> None:
+        """The pre-hook of a module called inside a layer: a frame for it; a recurrent one's FLOPs
+        are put right after it (:meth:`_inner_recurrent`), and the running layer owns the weights
+        it uses that nobody owned before (a node a depth cuts calling a module from elsewhere)."""
+        sink = self._sink
+        if sink is None or self.paused:  # the recorder reading a parametrized weight
+            self.stack.push_skip()
+            return
+        self._inner_modules.setdefault(sink.index, []).append(module)
+        if kind is _RECURRENT:
+            self._push_frame((_INNER_RECURRENT, (sink, sink.flops, self.flops_by_kind.get("matmul", 0),
+                                                 frozenset(sink.uncounted))))
+        else:
+            self.stack.push_skip()
+
     def _inner_recurrent(self, module: nn.Module, args: tuple, sink: LayerCall, flops_before: int,
                          matmul_before: int, uncounted_before: frozenset) -> None:
         """An nn.LSTM/GRU/RNN ran inside the layer ``sink`` (a node a depth cuts, or a container
@@ -463,6 +477,8 @@ class Recorder:
         else:
             record.shared_with = first.index
         self.ownership.claim_module(record, module)
+        for called in self._inner_modules.pop(record.index, ()):
+            self.ownership.claim_module(record, called)
         record.packed_params = packed_param_count(module)
         param_count = record.own_params if first is None else count_params(module)
         self.kinds.assign(record, module, param_count + record.packed_params)
