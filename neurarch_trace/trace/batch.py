@@ -350,7 +350,9 @@ class BatchAxes:
         batch size first (:meth:`BatchSize.learn`, :meth:`relearn`), then :meth:`layer_input`; in
         one frame for a layer whose type fixes no batch axis (whose input tells nothing)."""
         free = _FREE_CLASSES.get(type(module))
-        if not free and (free is not None or not self._free_of(module)):
+        if free is None:
+            free = self._free_of(module)
+        if not free:
             if self._batch.learn(module, x, prov, records):
                 self.relearn(x, 1)
             return self.layer_input(module, x)
@@ -361,7 +363,10 @@ class BatchAxes:
         """:meth:`layer_outputs` for a layer with one input tensor ``x`` and one output tensor
         ``out``, in one frame for a layer whose type fixes no batch axis (the output inherits the
         input's state, :func:`_inherit`)."""
-        if not _FREE_CLASSES.get(type(module)) and not self._free_of(module):
+        free = _FREE_CLASSES.get(type(module))
+        if free is None:
+            free = self._free_of(module)
+        if not free:
             return self.layer_outputs(module, "customModule", [x], [out])
         states = self._states
         entry = states.get(id(x))

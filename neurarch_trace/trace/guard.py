@@ -104,9 +104,7 @@ class _Snapshot:
         self.versions: Dict[int, Tuple[str, str, torch.Tensor, int]] = {}
         versions = self.versions
         for qual, module in tree.named_modules:
-            library = _LIBRARY_TYPES.get(type(module))
-            if library is None:
-                library = _library_class(module)
+            library = _library_class(module)
             params, buffers = module._parameters, module._buffers
             if (params or buffers or not library) and not isinstance(module, torch.jit.ScriptModule):
                 # TorchScript rebinds nothing from Python; the libraries' layers rebind no attribute

@@ -63,6 +63,21 @@ class LayerKinds:
             }
 
 
+def recurrent_flops(target: nn.Module, args: tuple) -> Optional[int]:
+    """:func:`~neurarch_trace.flops.rnn_flops` of a call of the recurrent layer ``target`` with
+    ``args``, over its input's sequence and batch (``(N, L, H_in)`` with ``batch_first``, else
+    ``(L, N, H_in)``; ``(L, H_in)`` unbatched; a PackedSequence's data is ``(tokens, H_in)``); None
+    when the first argument holds no tensor of 2 dims or more."""
+    x: Any = next(iter_tensors(args), None)
+    if x is None or x.dim() < 2:
+        return None
+    if x.dim() == 3:
+        seq, batch = (x.shape[1], x.shape[0]) if target.batch_first else (x.shape[0], x.shape[1])
+    else:  # unbatched (L, H_in)
+        seq, batch = x.shape[0], 1
+    return rnn_flops(target, int(seq), int(batch))
+
+
 def apply_node_formula(record: LayerCall, module: nn.Module, args: tuple, outs: list) -> None:
     """Replace the dispatch count where the CPU kernels have no formula: recurrent layers
     (:func:`~neurarch_trace.flops.rnn_flops` over the input's sequence and batch) and dynamically
@@ -70,13 +85,9 @@ def apply_node_formula(record: LayerCall, module: nn.Module, args: tuple, outs: 
     target = inner(module)
     covered = {op for op in record.uncounted if op in NODE_FORMULA_OPS}
     if is_recurrent(target):
-        x: Any = next(iter_tensors(args), None)
-        if x is not None and x.dim() >= 2:
-            if x.dim() == 3:
-                seq, batch = (x.shape[1], x.shape[0]) if target.batch_first else (x.shape[0], x.shape[1])
-            else:  # unbatched (L, H_in)
-                seq, batch = x.shape[0], 1
-            record.flops = rnn_flops(target, int(seq), int(batch))
+        flops = recurrent_flops(target, args)
+        if flops is not None:
+            record.flops = flops
             record.uncounted -= covered
     elif covered and hasattr(target, "weight") and callable(target.weight) and outs:
         w = target.weight()

@@ -28,13 +28,13 @@ import torch.nn.modules.module as _global_hooks
 from torch import nn
 
 import neurarch_trace.walk as walk
-from neurarch_trace.flops import FlopMode, flop_kind, same_dtype_operands
+from neurarch_trace.flops import NODE_FORMULA_OPS, FlopMode, flop_kind, same_dtype_operands
 from neurarch_trace.mapping import count_params, is_passthrough, is_whole_layer, layer_spec
 from neurarch_trace.text import plural
 from neurarch_trace.trace.batch import BatchAxes, BatchSize
 from neurarch_trace.trace.closed_form import ZERO_FLOP_FUNCTIONS, Formula, closed_form, formula_kind, module_formula
 from neurarch_trace.trace.closed_form import enabled as fast_paths_enabled
-from neurarch_trace.trace.kinds import LayerKinds, apply_node_formula
+from neurarch_trace.trace.kinds import LayerKinds, apply_node_formula, recurrent_flops
 from neurarch_trace.trace.merges import MERGES, merge_operands, merge_record
 from neurarch_trace.trace.modules import inner, is_recurrent
 from neurarch_trace.trace.ownership import Ownership, packed_param_count
@@ -390,16 +390,14 @@ class Recorder:
         trace counts them, in place of what the dispatch mode counted of its ops (the CPU's
         ``aten.mkldnn_rnn_layer`` has no formula). ``*_before``: the sink's FLOPs, the pass's
         matrix-product FLOPs and the sink's uncounted ops when the recurrent call began."""
-        own = LayerCall(0, "customModule")
-        own.uncounted = set(sink.uncounted) - uncounted_before  # the ops of this call without a formula
-        own.flops = -1
-        apply_node_formula(own, module, args, [])
-        if own.flops < 0:  # no formula for this call (an input the formula does not read)
+        flops = recurrent_flops(inner(module), args)
+        if flops is None:  # an input the formula does not read
             return
-        sink.flops = flops_before + own.flops
-        sink.uncounted = set(uncounted_before) | own.uncounted
-        if self.flops_by_kind.get("matmul", 0) != matmul_before + own.flops:
-            self.flops_by_kind["matmul"] = matmul_before + own.flops
+        sink.flops = flops_before + flops
+        # the ops of this call without a formula are the ones the node formula stands for
+        sink.uncounted = set(uncounted_before) | {op for op in sink.uncounted if op not in NODE_FORMULA_OPS}
+        if self.flops_by_kind.get("matmul", 0) != matmul_before + flops:
+            self.flops_by_kind["matmul"] = matmul_before + flops
 
     def _axes_kind(self, module: nn.Module, ins: list) -> str:
         """The layer's type as far as the batch axes need it before :meth:`_settle` types it:
