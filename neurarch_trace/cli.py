@@ -32,6 +32,7 @@ from neurarch_trace.contract import (
     default_graph_path,
     dumps_graph,
     layer_count,
+    unwritable_folder,
     write_error,
     write_graph,
 )
@@ -183,6 +184,11 @@ def _trace_command(args: argparse.Namespace) -> int:
     if args.output is not None and not args.output.strip():
         raise NeurarchError("-o needs a file name, e.g. -o model.neurarch.json (or -o - for stdout)")
     out_path = check_output_path(args.output) if not to_stdout and args.output is not None else None
+    if args.output is None:  # the graph goes to ./<name>.neurarch.json: a folder that takes no file costs no trace
+        reason = unwritable_folder(os.getcwd())
+        if reason is not None:
+            raise NeurarchError(f"cannot write the graph in the current folder {os.getcwd()}: {reason}; "
+                                f"give -o PATH elsewhere (or -o - for stdout)")
 
     progress = Progress()
     notes: list = []

@@ -312,6 +312,27 @@ def test_output_folder_missing(tmp_path, capfd):
     assert code == 1 and "folder" in err and "does not exist" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("output", ["/proc/g.neurarch.json", "/sys/g.neurarch.json", None])
+def test_a_folder_that_takes_no_file_is_refused_before_the_trace(tmp_path, capfd, output):
+    # ``raises`` fails when it is called: the folder's error instead of its own shows that no trace
+    # ran. /proc takes no new file (ENOENT), /sys refuses even root (EACCES); None writes to the
+    # current folder, here /proc
+    (tmp_path / "good.py").write_text(GOOD_MODULE)
+    target = f"{tmp_path / 'good.py'}:raises"
+    args = [target, "--input", "1,4"] + (["-o", output] if output else [])
+    code, out, err = run(args, tmp_path if output else Path("/proc"), capfd)
+    assert code == 1 and out == "" and err.count("\n") == 1, err
+    assert "missing config" not in err and "Traceback" not in err
+    if output is None:
+        assert err == ("neurarch-trace: cannot write the graph in the current folder /proc: it takes no new "
+                       "files; give -o PATH elsewhere (or -o - for stdout)\n")
+    elif output.startswith("/proc"):
+        assert err == f"neurarch-trace: cannot write {output}: it takes no new files (folder /proc)\n"
+    else:
+        assert err == f"neurarch-trace: cannot write {output}: Permission denied (folder /sys)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.py"]
+
+
 def test_verbose_prints_traceback(tmp_path, capfd):
     (tmp_path / "good.py").write_text(GOOD_MODULE)
     code, _, err = run(["good.py:raises", "--input", "1,4", "--verbose"], tmp_path, capfd)

@@ -322,6 +322,8 @@ def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveSh
     ("model --input 1,3,8,8 -o -", "has no meaning in a notebook"),
     ("model --input 1,3,8,8 -o a.json --no-save", "contradict"),
     ("model --input 1,3,8,8 -o nowhere/a.neurarch.json", "folder"),
+    ("model --input 1,3,8,8 -o /proc/a.neurarch.json",
+     "cannot write /proc/a.neurarch.json: it takes no new files (folder /proc)"),
     ("model --input 1,3,8,8 --plan --base missing.neurarch.json",
      "--base: graph file missing.neurarch.json does not exist"),
     ("model --input 1,3,8,8 --frobnicate", "unrecognized arguments: --frobnicate"),
@@ -330,6 +332,20 @@ def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveSh
 def test_user_errors_are_one_line(shell: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str,
                                   expected: str) -> None:
     assert expected in usage_error(shell, line, capsys)
+
+
+def test_a_current_folder_that_takes_no_file_is_refused_before_the_trace(
+        shell: InteractiveShell, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    shell.user_ns["counted"] = nn.Sequential(nn.Linear(4, 2))
+    shell.user_ns["counted"].register_forward_pre_hook(lambda *a: calls.append(1))
+    monkeypatch.chdir("/proc")  # where the graph would go without -o
+    assert usage_error(shell, "counted --input 1,4", capsys) == (
+        "cannot save the graph in the current folder /proc: it takes no new files; give -o PATH elsewhere, "
+        "or --no-save")
+    assert calls == []  # no forward ran
+    assert magic(shell, "counted --input 1,4 --no-save").graph["measured"]["params"] == 10
+    assert calls  # the same line with --no-save traces (and rehearses the step)
 
 
 def test_namespace_values_that_are_not_inputs(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:

@@ -35,6 +35,7 @@ from neurarch_trace.contract.files import (
     default_graph_path,
     dumps_graph,
     read_graph,
+    unwritable_folder,
     write_error,
     write_graph,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "parse_shape",
     "read_graph",
     "topological_order",
+    "unwritable_folder",
     "validate_graph",
     "write_error",
     "write_graph",

@@ -18,7 +18,8 @@ from neurarch_trace.contract.document import not_a_graph
 from neurarch_trace.contract.validate import check_graph
 from neurarch_trace.errors import GraphError, NeurarchError
 
-__all__ = ["check_output_path", "default_graph_path", "dumps_graph", "read_graph", "write_error", "write_graph"]
+__all__ = ["check_output_path", "default_graph_path", "dumps_graph", "read_graph", "unwritable_folder", "write_error",
+           "write_graph"]
 
 #: The file name ending of a graph.
 SUFFIX = ".neurarch.json"
@@ -141,7 +142,10 @@ def _special(path: str) -> bool:
 
 
 def check_output_path(path: str) -> str:
-    """Return ``path`` when a graph can be written there: its folder exists and it is no folder.
+    """Return ``path`` when a graph can be written there: its folder exists, it is no folder, and
+    the folder takes a new file (the temporary file :func:`write_graph` renames over ``path``; a
+    read-only folder or ``/proc`` does not). The check makes and removes an empty temporary file,
+    as the write itself will; a device or a pipe (``/dev/null``) is written into and not checked.
 
     Raises:
         NeurarchError: one line naming the path and what is wrong with it.
@@ -151,7 +155,28 @@ def check_output_path(path: str) -> str:
         raise NeurarchError(missing_folder(path, folder))
     if os.path.isdir(path):
         raise NeurarchError(f"cannot write {path}: it is a folder; give a file name ending in {SUFFIX}")
+    if not _special(path):
+        folder = os.path.dirname(os.path.realpath(path))
+        reason = unwritable_folder(folder)
+        if reason is not None:
+            raise NeurarchError(f"cannot write {path}: {reason} (folder {folder})")
     return path
+
+
+def unwritable_folder(folder: str) -> str | None:
+    """Why no new file can be made in ``folder`` (``"Permission denied"``, ``"Read-only file
+    system"``), or ``None`` when one can. One empty temporary file is made there and removed at
+    once, as :func:`write_graph` will make one and rename it."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".neurarch-", suffix=".tmp", dir=folder)
+    except OSError as exc:  # /proc answers ENOENT for a folder that exists
+        return "it takes no new files" if exc.errno == errno.ENOENT else str(exc.strerror or exc)
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+    return None
 
 
 def write_error(exc: OSError, path: str) -> NeurarchError:

@@ -30,7 +30,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, needs_local_scope
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from neurarch_trace.contract import check_output_path, default_graph_path
+from neurarch_trace.contract import check_output_path, default_graph_path, unwritable_folder
 from neurarch_trace.errors import NeurarchError
 from neurarch_trace.notebook.namespace import _model_device, evaluate, is_shape_spec, model_kind, resolve_inputs
 from neurarch_trace.plan_options import FAIL_ON_BLOCK, PLAN_OPTIONS, Option, PlanChoices, add_options, block_verdict
@@ -165,6 +165,9 @@ class NeurarchMagics(Magics):
         _check_specs(trace, input_texts)
         if path is not None:
             check_output_path(path)
+        elif not no_save and (reason := unwritable_folder(os.getcwd())) is not None:
+            raise NeurarchError(f"cannot save the graph in the current folder {os.getcwd()}: {reason}; "
+                                "give -o PATH elsewhere, or --no-save")
         base = choices.prepare(later=True)  # before any work, so a bad address or base file costs no trace
 
         namespace = dict(self.shell.user_ns)
