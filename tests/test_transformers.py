@@ -104,6 +104,48 @@ def test_llama_style_grouped_query_attention_and_swiglu():
     assert g1["measured"]["flops"] == g2["measured"]["flops"] == graph["measured"]["flops"]
 
 
+@pytest.mark.slow
+def test_plans_past_the_position_table_warn():
+    # the rows come from the configs: BERT's max_position_embeddings (512 by default), GPT-2's
+    # n_positions (64 here); LLaMA's rotary positions set no limit
+    from neurarch_trace.planner import make_plan
+
+    bert_model, gpt2_model = bert(), gpt2()
+    rows = bert_model.config.max_position_embeddings
+    assert rows == bert_model.embeddings.position_embeddings.num_embeddings == 512
+    bert_graph = trace_model(bert_model, torch.randint(0, 100, (1, 16)), training_step=False)
+    gpt2_graph = trace_model(gpt2_model, torch.randint(0, 100, (1, 16)), training_step=False)
+    llama_graph = trace_model(llama(), torch.randint(0, 100, (1, 16)), training_step=False)
+
+    def warned(graph, **options):
+        return [(w["code"], w["layer"], w["message"], w["severity"])
+                for w in make_plan(graph, **options)["plan"]["warningDetails"]]
+
+    table = "embeddings.position_embeddings"
+    assert warned(bert_graph) == warned(bert_graph, seq_len=512, context=512) == []
+    assert warned(bert_graph, seq_len=513) == [(
+        "beyond-position-table", table,
+        f"513 tokens per sample, but the position table {table} has 512 rows: the model reads at most 512 tokens",
+        "high")]
+    assert warned(bert_graph, context=4096) == [(
+        "beyond-position-table", table,
+        f"4,096 tokens of serving context, but the position table {table} has 512 rows: the model reads at most "
+        "512 tokens", "high")]
+    assert [w[2][:21] for w in warned(gpt2_graph, seq_len=65, context=65)] == [
+        "65 tokens per sample,", "65 tokens of serving "]
+    assert warned(gpt2_graph, seq_len=64) == []
+    assert warned(llama_graph, seq_len=100_000, context=100_000) == []
+    # the meta device checks no index: a trace past the table runs there, and its plan says so
+    with torch.device("meta"):
+        on_meta = gpt2()
+    long = trace_model(on_meta, torch.randint(0, 100, (1, 80), device="meta"), training_step=False)
+    assert [w[2] for w in warned(long)] == [
+        "80 tokens per sample, but the position table transformer.wpe has 64 rows: the model reads at most 64 "
+        "tokens"]
+    with pytest.raises(Exception, match="index out of range"):
+        gpt2_model(torch.randint(0, 100, (1, 80)))  # what a real device says
+
+
 def test_saved_checkpoint_through_hf_target(tmp_path, capfd):
     model = bert()
     model.save_pretrained(tmp_path / "ckpt")

@@ -136,7 +136,7 @@ def make_plan(
     """
     _check_options(seq_len, attention)
     options = check_options(finetune, context, gpu, usd_per_hour)
-    a = analyse(graph, what="model", seq_len=seq_len, attention=attention)
+    a = analyse(graph, what="model", seq_len=seq_len, attention=attention, context=options.context)
     b = analyse(base, what="base", seq_len=seq_len, attention=attention) if base is not None else None
     fit = fit_gpu(a.memory)
     unit = training_unit(a.work)

@@ -61,8 +61,9 @@ class Analysis:
 
 
 def analyse(doc: Any, *, what: str = "model", seq_len: Optional[int] = None,
-            attention: Optional[str] = None) -> Analysis:
-    """Read, verify, count and size ``doc``; raises ``GraphError`` when it is not a graph."""
+            attention: Optional[str] = None, context: Optional[int] = None) -> Analysis:
+    """Read, verify, count and size ``doc``; raises ``GraphError`` when it is not a graph.
+    ``context``: the serving context asked, which only the warnings read."""
     graph = index_graph(doc, what=what)
     counts = count(graph)
     work = workload(graph, seq_len)
@@ -74,7 +75,8 @@ def analyse(doc: Any, *, what: str = "model", seq_len: Optional[int] = None,
         work=work,
         memory=memory_model(graph, counts, work, attention),
         blockers=verify(graph),
-        warnings=lint(structure, structure_counts),
+        warnings=lint(structure, structure_counts, seq_len=work.seq_len if work.kind == "tokens" else None,
+                      context=context),
         structure=structure,
         structure_counts=structure_counts,
     )

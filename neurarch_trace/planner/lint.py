@@ -4,6 +4,10 @@ Each rule reads the graph's real edges (synthetic ones carry no tensor) and name
 blames. The plan lists the warnings most severe first (:data:`SEVERITY`; in graph order within a
 level), so the card's one line shows the worst. The rules, by severity:
 
+* high, ``beyond-position-table``: the tokens per sample the plan sizes for (``seq_len``, else the
+  traced length) or the serving ``context`` exceed the rows of the model's learned position table
+  (BERT's 512, GPT-2's 1024): the model cannot read that many tokens (PyTorch raises an index error
+  on a real device; the meta device checks no index), and the figures assume it could.
 * high, ``softmax-at-output``: a ``softmax`` feeding an output: ``nn.CrossEntropyLoss`` applies
   log-softmax itself and expects logits, so training would apply it twice.
 * high, ``deep-without-residual``: eight or more weight layers on one path and no merge point
@@ -36,6 +40,7 @@ from neurarch_trace.contract import (
 from neurarch_trace.planner.counts import Counts, measured_int
 from neurarch_trace.planner.estimate import estimate
 from neurarch_trace.planner.verify import Issue
+from neurarch_trace.planner.workload import position_table
 
 __all__ = ["DEEP_PLAIN_LAYERS", "SEVERITY", "lint"]
 
@@ -45,11 +50,12 @@ DEEP_PLAIN_LAYERS = 8
 
 #: Each rule's severity and its rank (lower is listed first).
 SEVERITY = {
-    "softmax-at-output": (0, "high"),
-    "deep-without-residual": (1, "high"),
-    "unknown-cost": (2, "medium"),
-    "bias-before-batchnorm": (3, "low"),
-    "norm-after-activation": (4, "low"),
+    "beyond-position-table": (0, "high"),
+    "softmax-at-output": (1, "high"),
+    "deep-without-residual": (2, "high"),
+    "unknown-cost": (3, "medium"),
+    "bias-before-batchnorm": (4, "low"),
+    "norm-after-activation": (5, "low"),
 }
 
 _BIASED_TYPES = frozenset({"linear", "conv1d", "conv2d", "conv3d", "transposeConv2d", "depthwiseConv2d"})
@@ -112,11 +118,30 @@ def _plain_depth(graph: Graph, order: List[str]) -> Optional[int]:
     return max(depth.values(), default=0)
 
 
-def lint(graph: Graph, counts: Counts) -> List[Issue]:
+def _length_warnings(graph: Graph, seq_len: Optional[int], context: Optional[int]) -> List[Issue]:
+    """``beyond-position-table`` for a training length ``seq_len`` and a serving ``context`` (tokens
+    per sequence; ``None``: not asked) longer than the learned position table."""
+    table = position_table(graph)
+    if table is None:
+        return []
+    node, rows = table
+    issues = []
+    for tokens, what in ((seq_len, "per sample"), (context, "of serving context")):
+        if tokens is not None and tokens > rows:
+            issues.append(Issue("beyond-position-table", node.name,
+                                f"{tokens:,} tokens {what}, but the position table {node.name} has {rows:,} "
+                                f"rows: the model reads at most {rows:,} tokens"))
+    return issues
+
+
+def lint(graph: Graph, counts: Counts, *, seq_len: Optional[int] = None,
+         context: Optional[int] = None) -> List[Issue]:
     """Every warning of ``graph``, most severe first (see the module docstring), each with its
-    ``severity``."""
+    ``severity``. ``seq_len``: the tokens per sample the plan sizes a token model for; ``context``:
+    the serving context asked (``None``: the model's own)."""
     order = _topological(graph)
-    issues = _edge_warnings(graph)
+    issues = _length_warnings(graph, seq_len, context)
+    issues += _edge_warnings(graph)
     depth = _plain_depth(graph, order)
     if depth is not None and depth >= DEEP_PLAIN_LAYERS:
         issues.append(Issue("deep-without-residual", None,

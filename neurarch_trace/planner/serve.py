@@ -53,6 +53,7 @@ from neurarch_trace.planner.finetune import NF4_BYTES, adaptable_linears
 from neurarch_trace.planner.fit import MAX_BATCH
 from neurarch_trace.planner.gpus import Gpu, GpuTable
 from neurarch_trace.planner.memory import ACTIVATION_BYTES, FRAMEWORK_ALLOWANCE_BYTES, PACKED_BYTES, WEIGHT16_BYTES
+from neurarch_trace.planner.workload import position_table
 
 __all__ = ["KV_BYTES", "PRECISIONS", "SERVE_GPU_COUNTS", "KvLayout", "Serve", "kv_layout", "serve",
            "serve_all", "default_context"]
@@ -158,13 +159,8 @@ def default_context(a: Analysis) -> int | None:
     model that does not take tokens."""
     if a.work.kind != "tokens":
         return None
-    for node in a.structure.layers:
-        leaf = _leaf(node)
-        if node.type == "embedding" and (leaf == "wpe" or "position" in leaf):
-            table = size(node.params, "vocabSize")
-            if table:
-                return table
-    return a.work.traced_tokens
+    table = position_table(a.structure)
+    return table[1] if table is not None else a.work.traced_tokens
 
 
 def weight_bytes(a: Analysis, precision: str) -> float:

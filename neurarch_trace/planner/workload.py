@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neurarch_trace.contract import Graph, Node, numel, parse_shape
+from neurarch_trace.planner.estimate import size
 
-__all__ = ["INT_DTYPES", "Workload", "workload"]
+__all__ = ["INT_DTYPES", "Workload", "position_table", "workload"]
 
 #: dtype names (as ``torch`` prints them, with and without the ``torch.`` prefix) of token ids.
 INT_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8", "long", "int"})
@@ -139,3 +140,17 @@ def workload(graph: Graph, seq_len: int | None = None) -> Workload:
         else:
             result.notes.append("seq_len ignored: the model's input is not a sequence of token ids")
     return result
+
+
+def position_table(graph: Graph) -> tuple[Node, int] | None:
+    """The learned position table of a token model and its rows, the most tokens it can read: the
+    first ``embedding`` layer named ``wpe`` (GPT-2) or ``*position*`` (BERT's
+    ``position_embeddings``, OPT's ``embed_positions``), its ``vocabSize``. ``None`` when there is
+    none: rotary (LLaMA) and relative (T5) positions set no such limit."""
+    for node in graph.layers:
+        leaf = node.name.rsplit(".", 1)[-1].split("#")[0].lower()
+        if node.type == "embedding" and (leaf == "wpe" or "position" in leaf):
+            rows = size(node.params, "vocabSize")
+            if rows:
+                return node, rows
+    return None
