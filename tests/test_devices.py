@@ -201,6 +201,40 @@ def test_auto_traces_on_meta_with_the_step_and_a_small_model_on_the_cpu_without(
     assert without_device(big) == without_device(read(models / "c.json"))
 
 
+POSITIONS = """
+import torch
+from torch import nn
+class Positions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(50, 4)
+        self.position_embedding = nn.Embedding(8, 4)
+    def forward(self, ids):
+        return self.tok(ids) + self.position_embedding(torch.arange(ids.shape[1], device=ids.device))
+"""
+
+
+def test_a_meta_trace_past_a_position_table_warns(tmp_path, capfd):
+    # a real device raises 'index out of range' past the table's 8 rows; meta checks no index
+    (tmp_path / "p.py").write_text(POSITIONS)
+    code, _, err = cli(["p.py:Positions", "--input", "2,10:long", "--device", "cpu", "-o", "cpu.json"], tmp_path,
+                       capfd)
+    assert code == 1 and "index out of range" in err and not (tmp_path / "cpu.json").exists(), err
+    code, _, err = cli(["p.py:Positions", "--input", "2,10:long", "-o", "meta.json"], tmp_path, capfd)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines == [  # at the model's forward
+        "neurarch-trace: warning: p.py:9: position_embedding is a position table of 8 rows, indexed with 10 "
+        "positions: on a real device this forward raises 'index out of range' (the meta device checks no index); "
+        "trace at most 8 tokens",
+        "wrote meta.json (3 layers, 5 connections)"], err
+    for tokens, depth in ((8, None), (10, 0)):  # within the table no word; a depth that cuts the table still tells
+        args = ["p.py:Positions", "--input", f"2,{tokens}:long", "-o", "g.json"] + (
+            ["--depth", str(depth)] if depth is not None else [])
+        code, _, err = cli(args, tmp_path, capfd)
+        assert code == 0 and ("position table of 8 rows" in err) == (tokens == 10), err
+
+
 def test_auto_traces_a_small_model_meta_cannot_run_on_the_cpu_without_a_word(models, capfd):
     code, out, err = cli(["m.py:Dyn", "--input", "1,4", "-o", "g.json"], models, capfd)
     assert code == 0 and out == "", err

@@ -138,7 +138,10 @@ def test_plans_past_the_position_table_warn():
     # the meta device checks no index: a trace past the table runs there, and its plan says so
     with torch.device("meta"):
         on_meta = gpt2()
-    long = trace_model(on_meta, torch.randint(0, 100, (1, 80), device="meta"), training_step=False)
+    from neurarch_trace.errors import TraceWarning
+
+    with pytest.warns(TraceWarning, match="transformer.wpe is a position table of 64 rows, indexed with 80 positions"):
+        long = trace_model(on_meta, torch.randint(0, 100, (1, 80), device="meta"), training_step=False)
     assert [w[2] for w in warned(long)] == [
         "80 tokens per sample, but the position table transformer.wpe has 64 rows: the model reads at most 64 "
         "tokens"]

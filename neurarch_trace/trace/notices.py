@@ -13,6 +13,7 @@ Implicit dimension choice for softmax has been deprecated ... (in layer 'head', 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 import warnings
@@ -20,7 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from neurarch_trace.errors import TraceWarning
 
-__all__ = ["model_warnings", "warn_no_output", "warn_unused_inputs"]
+__all__ = ["model_warnings", "warn_no_output", "warn_positions_past_table", "warn_unused_inputs"]
 
 #: Frames from these folders are not the model's: the standard library's warnings, torch, the tracer.
 _NOT_THE_MODEL = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (
@@ -75,15 +76,25 @@ def _reissue(caught: List[Caught]) -> None:
         warnings.warn_explicit(text, TraceWarning, place, number, module=name, registry={})
 
 
+def _forward_place(model: Any) -> Tuple[str, int]:
+    """``(file, first line)`` of the model class's ``forward``, through the decorators that wrap
+    it (transformers' ``@can_return_tuple``, ``functools.wraps``: ``inspect.unwrap``)."""
+    forward = getattr(type(model), "forward", None)
+    try:
+        forward = inspect.unwrap(forward) if forward is not None else None
+    except ValueError:  # a __wrapped__ cycle
+        pass
+    code = getattr(forward, "__code__", None)
+    return (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
+
+
 def warn_unused_inputs(model: Any, names: List[str]) -> None:
     """Keyword inputs that ``forward`` does not name and no layer, merge or output used (its
     ``**kwargs`` swallowed them: a misspelt name): say so, at the model's ``forward``. Their node
     keeps a dead-end edge to the output (``measured.syntheticConnections``)."""
     if not names:
         return
-    forward = getattr(type(model), "forward", None)
-    code = getattr(forward, "__code__", None)
-    place, number = (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
+    place, number = _forward_place(model)
     listed = ", ".join(repr(n) for n in names)
     warnings.warn_explicit(
         f"the forward ignored input {listed}: its **kwargs took it and nothing flows from it to a layer or "
@@ -94,10 +105,41 @@ def warn_unused_inputs(model: Any, names: List[str]) -> None:
 def warn_no_output(model: Any, model_name: str) -> None:
     """The forward returned no tensor (``None``, or only Python values): say so, at the model's
     ``forward``."""
-    forward = getattr(type(model), "forward", None)
-    code = getattr(forward, "__code__", None)
-    place, number = (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
+    place, number = _forward_place(model)
     warnings.warn_explicit(
         f"{model_name}'s forward returned no tensor: the graph's output node is fed only by the layers "
         "whose results nothing used (measured.syntheticConnections); return the outputs to connect them",
         TraceWarning, place, number, module=os.path.splitext(os.path.basename(place))[0], registry={})
+
+
+def _position_table(qualname: str) -> bool:
+    """A module path that names a learned position table: GPT-2's ``wpe``, BERT's
+    ``position_embeddings``, OPT's ``embed_positions`` (the planner's rule,
+    ``planner.workload.position_table``)."""
+    leaf = qualname.rsplit(".", 1)[-1].lower()
+    return leaf == "wpe" or "position" in leaf
+
+
+def warn_positions_past_table(model: Any, records: List[Any]) -> None:
+    """On the meta device, whose kernels read no index: each call of a learned position table
+    (an ``nn.Embedding`` named as :func:`_position_table` says) indexed with more positions (its
+    input's last dimension) than the table has rows. A real device raises ``index out of range``
+    there, so the trace stands for a forward that cannot run: say so, at the model's ``forward``.
+    ``records``: the recording's :class:`~.records.LayerCall` records, shapes still raw."""
+    from torch import nn
+
+    told = set()
+    for record in records:
+        module = record.module
+        if not isinstance(module, nn.Embedding) or id(module) in told or not _position_table(record.qualname):
+            continue
+        raw = record.input_shape
+        positions = raw[0][-1] if raw is not None and raw[0] else None
+        if positions is not None and positions > module.num_embeddings:
+            told.add(id(module))
+            place, number = _forward_place(model)
+            warnings.warn_explicit(
+                f"{record.qualname} is a position table of {module.num_embeddings:,} rows, indexed with "
+                f"{positions:,} positions: on a real device this forward raises 'index out of range' (the meta "
+                f"device checks no index); trace at most {module.num_embeddings:,} tokens",
+                TraceWarning, place, number, module=os.path.splitext(os.path.basename(place))[0], registry={})

@@ -207,6 +207,7 @@ class Recorder:
             flops_by_kind=dict(sorted(self.flops_by_kind.items())),
             scalars=self.scalars,
             fed_shape=self.batch.fed_shape,
+            on_meta=self.on_meta,
         )
 
     def where(self) -> str:

@@ -130,3 +130,6 @@ class Recording:
     #: the shape a sequence-first layer was fed when it told the batch size (batch on axis 1), or
     #: None when the inputs were read batch first (:class:`~.batch.BatchSize`)
     fed_shape: Optional[tuple] = None
+    #: the trace ran on the meta device (a parameter or an input was a meta tensor), whose kernels
+    #: check no value: an index past an embedding table raised nothing
+    on_meta: bool = False

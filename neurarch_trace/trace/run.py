@@ -28,7 +28,7 @@ from neurarch_trace.text import error_line
 from neurarch_trace.trace.batch import sample_inputs
 from neurarch_trace.trace.guard import fast_paths_off, state_kept
 from neurarch_trace.trace.modules import Opaque, opaque_script_modules, unwrap_model
-from neurarch_trace.trace.notices import model_warnings, warn_no_output, warn_unused_inputs
+from neurarch_trace.trace.notices import model_warnings, warn_no_output, warn_positions_past_table, warn_unused_inputs
 from neurarch_trace.trace.recorder import Recorder
 from neurarch_trace.trace.records import Recording
 from neurarch_trace.trace.serialise import build_graph
@@ -264,6 +264,8 @@ def trace_model(
         # the plan sizes the model, not the view a depth cuts
         recording, full_recording = _at_full_depth(recording, model, args, call_kwargs, named_inputs, tensors, depth,
                                                    graph_name)
+        if recording.on_meta:  # at full depth: a depth may cut the table into a node
+            warn_positions_past_table(model, (full_recording or recording).records)
         step = None
         if training_step:  # its forward rebinds what the traced one did (a counter, a cache): put back
             with state_kept(walk.Tree(model), values=False):
