@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import gc
 import os
 import sys
@@ -192,7 +193,9 @@ def _trace_command(args: argparse.Namespace) -> int:
 
     progress = Progress()
     notes: list = []
-    with progress, warnings.catch_warnings():
+    # stdout carries the graph (-o -) or the card alone: what the model's code prints while it is
+    # imported, built, traced and rehearsed goes to stderr
+    with progress, warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.showwarning = show_warning  # the model's warnings, one line each (trace.notices)
         graph, loaded_name = trace_target(
             args.target,

@@ -101,6 +101,28 @@ def test_python_dash_m_and_stdout(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_what_the_model_prints_goes_to_stderr_and_stdout_holds_the_graph(tmp_path, capfd):
+    # at import, in the factory and in every forward (the trace and the rehearsed step's runs)
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        from torch import nn
+        print("hello from import")
+        class Loud(nn.Linear):
+            def forward(self, x):
+                print("forward says hi")
+                return super().forward(x)
+        def Net():
+            print("building")
+            return Loud(4, 2)
+    """))
+    code, out, err = run(["m.py:Net", "--input", "1,4", "-o", "-"], tmp_path, capfd)
+    assert code == 0, err
+    assert json.loads(out)["measured"]["params"] == 10
+    assert err.splitlines()[:3] == ["hello from import", "building", "forward says hi"]
+    assert set(err.splitlines()[2:]) == {"forward says hi"}
+    code, out, err = run(["m.py:Net", "--input", "1,4", "-o", "g.json"], tmp_path, capfd)
+    assert code == 0 and out == "" and err.splitlines()[-1] == "wrote g.json (1 layer, 2 connections)"
+
+
 def test_version(capfd, tmp_path):
     assert main(["--version"]) == 0
     from neurarch_trace import __version__
