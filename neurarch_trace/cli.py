@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import neurarch_trace.plan_cli as plan_cli
 from neurarch_trace._version import __version__
-from neurarch_trace.console import PROG, Parser, say, show_warning
+from neurarch_trace.console import PROG, Parser, say, show_warning, write_stdout
 from neurarch_trace.contract import (
     check_output_path,
     default_graph_path,
@@ -135,7 +135,8 @@ def run() -> None:
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # None: started with the stream closed (>&-)
+                stream.flush()
         except (OSError, ValueError):  # a closed pipe (| head): nothing more can be said
             pass
     atexit._run_exitfuncs()
@@ -217,8 +218,7 @@ def _trace_command(args: argparse.Namespace) -> int:
     if isinstance(training, dict) and training.get("error"):  # the trace stands; the plan estimates memory
         say(f"note: memory will be estimated from layer outputs: {training['error']}")
     if to_stdout:
-        sys.stdout.write(dumps_graph(graph))
-        sys.stdout.flush()
+        write_stdout(dumps_graph(graph), "the graph")
         path = None
     else:
         path = out_path or default_graph_path(graph["name"])

@@ -9,7 +9,9 @@ import os
 import sys
 from typing import NoReturn
 
-__all__ = ["PROG", "Parser", "say", "show_warning"]
+from neurarch_trace.errors import NeurarchError
+
+__all__ = ["PROG", "Parser", "say", "show_warning", "write_stdout"]
 
 PROG = "neurarch-trace"
 
@@ -38,3 +40,21 @@ def show_warning(message: Warning | str, category: type, filename: str, lineno: 
     shown = filename if shown.startswith("..") else shown
     text = " ".join(str(message).split())
     print(f"{PROG}: warning: {shown}:{lineno}: {text}", file=sys.stderr, flush=True)
+
+
+def write_stdout(text: str, what: str) -> None:
+    """Write ``text`` (``what`` it is: ``the graph``, ``the card``) to stdout and flush it.
+
+    Raises:
+        NeurarchError: ``cannot write <what> to stdout: <reason>``, when stdout is closed
+            (``>&-``), full (``/dev/full``) or a pipe whose reader has gone.
+    """
+    stream = sys.stdout
+    if stream is None:
+        raise NeurarchError(f"cannot write {what} to stdout: stdout is closed; give -o PATH to write a file")
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError) as exc:  # ValueError: I/O operation on a closed file
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise NeurarchError(f"cannot write {what} to stdout: {reason}") from exc

@@ -34,7 +34,7 @@ import sys
 import traceback
 from typing import Optional
 
-from neurarch_trace.console import say
+from neurarch_trace.console import say, write_stdout
 from neurarch_trace.contract import read_graph
 from neurarch_trace.errors import NeurarchError
 from neurarch_trace.plan_client import PlanResponse, api_host, request_plan, trace_source, user_agent
@@ -169,7 +169,7 @@ def _print_card(answer: PlanResponse, share: bool) -> None:
     # the card as the service rendered it, less control characters a service could use to drive
     # the terminal (escape sequences); newlines stay
     text = printable(answer.text, keep_newlines=True)
-    sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
+    text = text if text.endswith("\n") or not text else text + "\n"
     if share and answer.url is not None:
-        sys.stdout.write(f"Share: {answer.url}\n")
-    sys.stdout.flush()
+        text += f"Share: {answer.url}\n"
+    write_stdout(text, "the card")

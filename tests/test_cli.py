@@ -123,6 +123,21 @@ def test_what_the_model_prints_goes_to_stderr_and_stdout_holds_the_graph(tmp_pat
     assert code == 0 and out == "" and err.splitlines()[-1] == "wrote g.json (1 layer, 2 connections)"
 
 
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+def test_a_graph_stdout_cannot_take_is_one_line(tmp_path, capfd, monkeypatch, stdout):
+    (tmp_path / "good.py").write_text(GOOD_MODULE)
+    full = open("/dev/full", "w")  # every write fails with ENOSPC
+    monkeypatch.setattr(sys, "stdout", full if stdout == "full" else None)  # None: started with >&-
+    try:
+        code, _, err = run(["good.py:Net", "--input", "1,4", "-o", "-"], tmp_path, capfd)
+    finally:
+        monkeypatch.undo()
+        full.close()
+    reason = "No space left on device" if stdout == "full" else "stdout is closed; give -o PATH to write a file"
+    assert (code, err) == (1, f"neurarch-trace: cannot write the graph to stdout: {reason}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.py"]
+
+
 def test_version(capfd, tmp_path):
     assert main(["--version"]) == 0
     from neurarch_trace import __version__

@@ -347,6 +347,24 @@ def test_a_missing_graph_file_is_one_line_and_nothing_is_sent(listening_socket: 
     assert accepted_connections(listening_socket) == 0
 
 
+@pytest.mark.parametrize("stdout, reason", [("full", "No space left on device"),
+                                            ("closed", "stdout is closed; give -o PATH to write a file")])
+def test_a_card_stdout_cannot_take_is_one_line(plan_server: str, tmp_path: Path, small_file, stdout: str,
+                                               reason: str) -> None:
+    # /dev/full refuses every write (ENOSPC); a closed stdout (>&-) leaves Python no sys.stdout
+    path, data = small_file
+    env = {k: v for k, v in os.environ.items() if k != "NEURARCH_API_KEY"}
+    env.update(NEURARCH_API=plan_server, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "neurarch_trace", "plan", path.name], cwd=tmp_path, env=env,
+                              stdout=full if stdout == "full" else None, stderr=subprocess.PIPE, text=True,
+                              timeout=300, preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
+    assert done.returncode == 1
+    assert stderr_lines(done) == [notice(host_of(plan_server)),
+                                  f"neurarch-trace: cannot write the card to stdout: {reason}"]
+    assert path.read_bytes() == data
+
+
 def test_a_bad_neurarch_api_is_one_line_and_nothing_is_sent(tmp_path: Path, small_file) -> None:
     path, _ = small_file
     done = run_cli(["plan", path.name], tmp_path, api="localhost:8000")
