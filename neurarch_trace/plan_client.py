@@ -228,18 +228,19 @@ def check_api(api: Optional[str] = None) -> str:
     """
     typed = api.strip() if api is not None else os.environ.get("NEURARCH_API", "").strip()
     base_url = api.strip().rstrip("/") if api is not None else api_base()
-    parts = urlsplit(base_url)
+    source = "the plan service address" if api is not None else "NEURARCH_API"
+    fix = f"set NEURARCH_API to one such as {DEFAULT_API}, or unset it"
+    try:
+        parts = urlsplit(base_url)  # raises ValueError for a broken IPv6 literal (http://[::1)
+        host = parts.hostname
+    except ValueError:
+        raise PlanError(f"{source} {typed!r} is not an http(s) URL: its host is malformed; {fix}") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise PlanError(f"{source} {typed!r} is not an http(s) URL; {fix}")
     try:
         parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
-        valid_port = True
     except ValueError:
-        valid_port = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not valid_port:
-        source = "the plan service address" if api is not None else "NEURARCH_API"
-        raise PlanError(
-            f"{source} {typed!r} is not an http(s) URL; "
-            f"set NEURARCH_API to one such as {DEFAULT_API}, or unset it"
-        )
+        raise PlanError(f"{source} {typed!r} has a port that is not a number from 0 to 65535; {fix}") from None
     return base_url
 
 
@@ -535,6 +536,11 @@ def _status_error(response: requests.Response, *, host: str, key_sent: bool) -> 
     advice = ""
     if code in (401, 403):
         advice = "; check NEURARCH_API_KEY" if key_sent else "; set NEURARCH_API_KEY to an API key"
+    elif code in (404, 405):  # no plan API at that path: an address with a path of its own (.../api)
+        path = urlsplit(response.url or "").path
+        where = f" (it has no {path})" if path else ""
+        advice = (f"; is this a plan service{where}? NEURARCH_API is the service's base address, "
+                  f"to which {PLAN_PATH} is added")
     return PlanStatusError(prefix + advice, host=host, status_code=code, server_message=sentence)
 
 

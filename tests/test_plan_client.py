@@ -303,6 +303,16 @@ def test_a_malformed_answer_is_a_response_error(canned: CannedServer, body: Any,
 # ------------------------------------------------------------ against the reference service
 
 
+def test_an_address_with_a_path_of_its_own_says_what_the_base_address_is(plan_server: str) -> None:
+    # the reference service has no /api/api/v1/plan: it answers 404
+    with pytest.raises(PlanStatusError) as info:
+        request_plan(small_graph(), api=plan_server + "/api")
+    assert info.value.status_code == 404
+    assert str(info.value) == (
+        f"the plan service at {api_host(plan_server)} answered 404: not found; is this a plan service (it has no "
+        "/api/api/v1/plan)? NEURARCH_API is the service's base address, to which /api/v1/plan is added")
+
+
 def test_reference_service_returns_a_card_and_plan(plan_server: str) -> None:
     answer = request_plan(small_graph(), api=plan_server, source={"kind": "file", "tool": user_agent()})
     lines = answer.text.rstrip("\n").split("\n")
@@ -342,10 +352,16 @@ def test_a_share_link_that_is_not_http_is_refused(canned: CannedServer) -> None:
     assert answer.text == CARD
 
 
-def test_an_out_of_range_port_is_not_a_url() -> None:
+@pytest.mark.parametrize("api, fault", [
+    ("http://127.0.0.1:99999", "has a port that is not a number from 0 to 65535"),
+    ("http://127.0.0.1:x", "has a port that is not a number from 0 to 65535"),
+    ("http://[::1", "is not an http(s) URL: its host is malformed"),  # urlsplit raises ValueError
+])
+def test_a_bad_port_or_host_is_a_plan_error(api: str, fault: str) -> None:
     with pytest.raises(PlanError) as info:
-        request_plan(small_graph(), api="http://127.0.0.1:99999")
+        request_plan(small_graph(), api=api)
+    assert type(info.value) is PlanError
     assert str(info.value) == (
-        "the plan service address 'http://127.0.0.1:99999' is not an http(s) URL; "
+        f"the plan service address {api!r} {fault}; "
         "set NEURARCH_API to one such as https://www.neurarch.com, or unset it"
     )
