@@ -342,6 +342,21 @@ def test_llama7b_serves_in_bf16_on_one_24gb_card_at_a_short_context(llama7b: dic
     assert (big.gpu.id, big.gpus) == ("H200", 8)
 
 
+def test_16_bit_serving_is_named_as_the_card_runs_it() -> None:
+    # the T4 (Turing) has no bf16: its 16-bit weights are fp16, the same 2 bytes (its datasheet,
+    # neurarch_trace/data/gpus.json); the L4 runs bf16
+    bert = json.loads((Path(__file__).parent / "data" / "traced_bert.neurarch.json").read_text())
+    weights = []
+    for name, precision in {"T4": "fp16", "L4": "bf16"}.items():
+        answer = make_plan(bert, gpu=f"{name}x1")
+        s = answer["plan"]["serve"]
+        assert (s["gpu"], s["precision"]) == (name, precision)
+        assert [o["precision"] for o in s["options"]] == [precision, "int8", "int4"]
+        weights.append(s["weightsGb"])
+        assert f"{name} {gpu_table().by_id(name).memory_gb:g} GB {precision}," in answer["text"]
+    assert weights[0] == weights[1]  # the bytes do not change with the name
+
+
 def test_llama70b_serving(llama70b: dict[str, Any]) -> None:
     plan = plan_of(llama70b)
     s = plan["serve"]

@@ -171,9 +171,12 @@ def finetune_fields(a: Analysis, s: Sizing) -> dict[str, Any]:
 
 
 def _serve(v: Serve) -> dict[str, Any]:
+    # 16-bit weights are named as the card runs them: fp16 on a card without bf16 (the T4, Turing),
+    # the same 2 bytes per parameter
+    precision = "fp16" if v.precision == "bf16" and v.gpu is not None and v.gpu.precision == "fp16" else v.precision
     return {
         "gpu": v.gpu.id if v.gpu else None, "memoryGb": v.gpu.memory_gb if v.gpu else None, "gpus": v.gpus,
-        "precision": v.precision, "fits": v.fits, "batch": v.batch, "context": v.context,
+        "precision": precision, "fits": v.fits, "batch": v.batch, "context": v.context,
         "peakGb": v.peak_bytes / 1e9, "needGb": v.need_bytes / 1e9, "weightsGb": v.weights_bytes / 1e9,
         "kvCacheGb": v.kv_bytes / 1e9, "stepGb": v.step_bytes / 1e9,
         "usdPerHour": v.gpu.usd_per_hour * v.gpus if v.gpu and v.gpu.usd_per_hour is not None else None,
