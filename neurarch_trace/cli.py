@@ -206,7 +206,7 @@ def _trace_command(args: argparse.Namespace) -> int:
             depth=args.depth,
             device=device,
             weights=args.weights,
-            hf_class=args.hf_class,
+            hf_class=trace.hf_class_name,
             quiet=not args.verbose,
             progress=progress,
             note=notes.append,

@@ -55,6 +55,11 @@ class Option:
         return self.kwargs.get("dest") or self.flags[-1].lstrip("-").replace("-", "_")
 
 
+#: The most tokens ``seq_len`` and ``context`` may be: the reference service refuses more
+#: (``neurarch_trace/server/schemas.py``), so the command line says so before sending anything.
+MAX_TOKENS = 2**31
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -62,6 +67,9 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+    if value > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"{value:,} tokens is more than the plan API takes (at most 2^31, "
+                                         f"{MAX_TOKENS:,})")
     return value
 
 

@@ -98,7 +98,7 @@ WEIGHTS = Option(("--weights",), {
     "help": "hf: only: load the checkpoint's real weights instead of building from config.json alone",
 })
 HF_CLASS = Option(("--hf-class",), {
-    "default": HF_CLASS_DEFAULT,
+    "default": None,  # None: not given (HF_CLASS_DEFAULT for hf:, refused on other targets)
     "metavar": "CLASS",
     "help": f"hf: only: the transformers class that builds the model (default {HF_CLASS_DEFAULT}, the bare "
             "model without a task head; e.g. AutoModelForCausalLM adds the LM head)",
@@ -132,7 +132,7 @@ class TraceChoices:
     depth: Optional[int] = None
     device: Optional[str] = None
     weights: bool = False
-    hf_class: str = HF_CLASS_DEFAULT
+    hf_class: Optional[str] = None  # as given; None: not given
     training_step: bool = True
     verbose: bool = False
 
@@ -148,7 +148,7 @@ class TraceChoices:
             depth=getattr(args, "depth", None),
             device=getattr(args, "device", None),
             weights=bool(getattr(args, "weights", False)),
-            hf_class=getattr(args, "hf_class", HF_CLASS_DEFAULT),
+            hf_class=getattr(args, "hf_class", None),
             training_step=bool(getattr(args, "training_step", True)),
             verbose=bool(getattr(args, "verbose", False)),
         )
@@ -158,20 +158,30 @@ class TraceChoices:
         """True for an ``hf:`` target."""
         return self.target.startswith("hf:")
 
+    @property
+    def hf_class_name(self) -> str:
+        """The transformers class an ``hf:`` target is built with: ``--hf-class``, else
+        :data:`HF_CLASS_DEFAULT`."""
+        return self.hf_class or HF_CLASS_DEFAULT
+
     def check(self) -> None:
         """Refuse the option values that cannot go together, before anything is built.
 
         Raises:
-            TargetError: ``--depth`` below 0; ``--weights`` or ``--hf-class`` on a target other than
-                ``hf:``; ``--weights`` with ``--device meta`` (the meta device holds no values).
+            TargetError: ``--depth`` below 0; ``--weights`` or ``--hf-class`` (even ``AutoModel``) on
+                a target other than ``hf:``; an empty ``--name``; ``--weights`` with ``--device
+                meta`` (the meta device holds no values).
         """
         if self.depth is not None and self.depth < 0:
             raise TargetError(f"--depth must be 0 or more, not {self.depth}")
         if self.weights and not self.is_hf:
             raise TargetError("--weights applies to hf: targets only: drop it (a file or module target builds its "
                               "own weights)")
-        if self.hf_class != HF_CLASS_DEFAULT and not self.is_hf:
-            raise TargetError("--hf-class applies to hf: targets only: drop it")
+        if self.hf_class is not None and not self.is_hf:
+            raise TargetError("--hf-class applies to hf: targets only: drop it (a file or module target builds its "
+                              "own model)")
+        if self.name is not None and not self.name.strip():
+            raise TargetError("--name needs a name, e.g. --name resnet50 (leave it out for the model's class name)")
         if self.weights and self.device == "meta":
             raise TargetError("--weights loads real weights, which the meta device cannot hold: drop --device meta")
 

@@ -138,6 +138,19 @@ def test_a_graph_stdout_cannot_take_is_one_line(tmp_path, capfd, monkeypatch, st
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.py"]
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--hf-class", "AutoModel"], "--hf-class applies to hf: targets only: drop it"),  # the default, named
+    (["--hf-class", "AutoModelForCausalLM"], "--hf-class applies to hf: targets only: drop it"),
+    (["--name", ""], "--name needs a name, e.g. --name resnet50"),
+    (["--name", "  "], "--name needs a name, e.g. --name resnet50"),
+])
+def test_options_that_do_not_apply_are_refused_before_the_trace(tmp_path, capfd, extra, message):
+    (tmp_path / "good.py").write_text(GOOD_MODULE)
+    code, out, err = run(["good.py:raises", "--input", "1,4", *extra], tmp_path, capfd)
+    assert (code, out) == (1, "") and err.count("\n") == 1 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.py"]
+
+
 def test_version(capfd, tmp_path):
     assert main(["--version"]) == 0
     from neurarch_trace import __version__

@@ -328,6 +328,9 @@ def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveSh
      "--base: graph file missing.neurarch.json does not exist"),
     ("model --input 1,3,8,8 --frobnicate", "unrecognized arguments: --frobnicate"),
     ("model --input 1,3,8,8 --depth x", "invalid int value"),
+    ("model --input 1,3,8,8 --plan --seq-len 99999999999999999999",
+     "99,999,999,999,999,999,999 tokens is more than the plan API takes (at most 2^31, 2,147,483,648)"),
+    ("model --input 1,3,8,8 --plan --context 2147483649", "2,147,483,649 tokens is more than the plan API takes"),
 ])
 def test_user_errors_are_one_line(shell: InteractiveShell, capsys: pytest.CaptureFixture[str], line: str,
                                   expected: str) -> None:
@@ -980,7 +983,8 @@ def test_a_live_model_is_never_moved(shell: InteractiveShell, capsys: pytest.Cap
 
 #: For each option of the magic (by destination), a line with a bad value or a bad use of it, and
 #: the one-line error, the same as the command line's where both have the option. ``{t}`` is the
-#: module target ``zoo:Net``. ``--name`` takes any text (it is made safe for the file name).
+#: module target ``zoo:Net``. ``--name`` takes any text (it is made safe for the file name; IPython
+#: keeps quotes, so the magic cannot be given the empty name the command line refuses).
 BAD_VALUES = {
     "input": ("{t} --input 1,x", "--input '1,x': dimension 'x' is not a positive integer"),
     "dtype": ("{t} --input 1,4 --dtype float99", "unknown dtype 'float99': use one of float32"),

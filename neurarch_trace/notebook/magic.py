@@ -226,11 +226,12 @@ def _trace_target(text: str, trace: TraceChoices, scope: _Scope) -> tuple:
         specs = [parse_input(t) for t in scope.inputs]
         graph, _ = trace_target(
             text, specs, default_dtype=parse_dtype(trace.dtype_name()), name=trace.name, depth=trace.depth,
-            device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose,
+            device=device, weights=trace.weights, hf_class=trace.hf_class_name, quiet=not trace.verbose,
             training_step=trace.training_step, note=_say_note)
         return graph, trace_source(text, list(scope.inputs))
     device = "cpu" if device == "auto" else device  # notebook data holds real values: a real model
-    loaded = load_target(text, device=device, weights=trace.weights, hf_class=trace.hf_class, quiet=not trace.verbose)
+    loaded = load_target(text, device=device, weights=trace.weights, hf_class=trace.hf_class_name,
+                         quiet=not trace.verbose)
     return _trace_model(loaded.model, text, trace, scope, name=trace.name or loaded.name, device=device,
                         described=True)
 
