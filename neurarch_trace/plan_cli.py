@@ -148,6 +148,8 @@ def _plan_and_print(graph: dict, graph_path: Optional[str], choices: PlanChoices
         say(f"{err}{still}")
         return 1
     _print_card(answer, share)
+    for line in choices.ignored(answer.plan):
+        say(f"note: {line}")
     if share and answer.url is None:
         say(f"no share link: {answer.share_error}")
     return _verdict(answer) if choices.fail_on_block else 0

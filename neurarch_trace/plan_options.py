@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from neurarch_trace.contract import layer_count, read_graph
 from neurarch_trace.errors import NeurarchError
@@ -270,6 +270,24 @@ class PlanChoices:
     def request_options(self) -> Dict[str, Any]:
         """The keyword arguments of :func:`~neurarch_trace.plan_client.request_plan` they set."""
         return {"share": self.share, **self.sizing()}
+
+    def ignored(self, plan: Any) -> List[str]:
+        """What the returned ``plan`` did not apply of these options, one sentence each: a token
+        length (``--seq-len``, ``--context``) given for a model whose input is not tokens
+        (``plan.model.input.kind``). Empty when everything applied or the plan does not say."""
+        model = plan.get("model") if isinstance(plan, dict) else None
+        given = model.get("input") if isinstance(model, dict) else None
+        kind = given.get("kind") if isinstance(given, dict) else None
+        if not isinstance(kind, str) or kind == "tokens":
+            return []
+        lengths = (("--seq-len", self.seq_len), ("--context", self.context))
+        flags = [flag for flag, value in lengths if value is not None]
+        if not flags:
+            return []
+        what = {"image": "images", "other": "no tokens", "unknown": "an input of unknown shape"}.get(kind, kind)
+        two = len(flags) > 1
+        return [f"{' and '.join(flags)} {'size' if two else 'sizes'} a token model; this model takes {what}: "
+                f"{'they change' if two else 'it changes'} nothing on the card"]
 
 
 def block_verdict(blocked: Optional[bool], blockers: Sequence[str]) -> Optional[str]:

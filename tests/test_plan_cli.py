@@ -138,6 +138,23 @@ def test_replan_prints_the_card_and_nothing_else(plan_server: str, tmp_path: Pat
     assert path.read_bytes() == data
 
 
+def test_a_token_length_for_a_model_without_tokens_is_a_note(plan_server: str, tmp_path: Path) -> None:
+    # the reference service sizes a token model's length; the small graph takes a vector: the card
+    # is the one without the flags, and one line says they changed nothing
+    path = tmp_path / "small.neurarch.json"
+    write_json(path, small_graph())
+    plain = run_cli(["plan", path.name], tmp_path, api=plan_server)
+    done = run_cli(["plan", path.name, "--seq-len", "100", "--context", "100"], tmp_path, api=plan_server)
+    assert (done.returncode, done.stdout) == (0, plain.stdout)
+    assert stderr_lines(done)[1:] == [
+        "neurarch-trace: note: --seq-len and --context size a token model; this model takes no tokens: they "
+        "change nothing on the card"]
+    done = run_cli(["plan", path.name, "--seq-len", "100"], tmp_path, api=plan_server)
+    assert stderr_lines(done)[1:] == [
+        "neurarch-trace: note: --seq-len sizes a token model; this model takes no tokens: it changes nothing "
+        "on the card"]
+
+
 def test_replan_share_prints_a_link_that_shows_the_same_card(plan_server: str, tmp_path: Path, small_file) -> None:
     path, _ = small_file
     done = run_cli(["plan", path.name, "--share"], tmp_path, api=plan_server)
