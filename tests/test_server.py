@@ -335,6 +335,16 @@ def test_serve_unwritable_db_is_one_line_and_exit_1(tmp_path: Path, capsys: pyte
     assert err.count("\n") == 1
 
 
+def test_serve_makes_no_folder_for_a_db_path(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # a typo in --db must not leave folders behind; only the default file's folder is made
+    missing = tmp_path / "typo" / "deeper" / "shares.sqlite3"
+    assert serve_main(["--port", "0", "--db", str(missing)]) == 1
+    assert capsys.readouterr().err == (
+        f"neurarch-trace: cannot open the share database {missing}: folder {missing.parent} does not exist; "
+        "make it first, or give --db a path in a folder that does\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_serve_bad_option_is_one_line(capsys: pytest.CaptureFixture) -> None:
     assert serve_main(["--public-url", "ftp://x"]) == 1
     assert capsys.readouterr().err == ("neurarch-trace: --public-url: Value error, public_url must be an http(s) URL "

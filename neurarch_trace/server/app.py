@@ -87,7 +87,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 def create_app(settings: Settings) -> FastAPI:
     """The FastAPI app for ``settings``. Raises ``StoreError`` when the share database cannot be
     opened."""
-    db = open_database(settings.resolved_database_url())
+    # the default file's folder (the user data dir) is made; a --db path's must exist
+    db = open_database(settings.resolved_database_url(), create_folder=settings.database_url is None)
     try:
         store = ShareStore(db, ttl_s=settings.share_ttl_s, quota_bytes=settings.share_quota_bytes,
                            quota_window_s=settings.share_quota_window_s)

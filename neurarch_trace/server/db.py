@@ -85,13 +85,24 @@ class SqliteDatabase(Database):
     """A SQLite file in WAL mode: readers never wait for the writer, writers queue on a busy
     timeout, and ``synchronous=NORMAL`` keeps every commit through a process crash."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, create_folder: bool = False) -> None:
+        """Open (or make) the file ``path``. ``create_folder``: make its missing folders (the
+        default file in the user data dir); else a missing folder is an error, so that a typo in
+        ``--db`` makes no folders.
+
+        Raises:
+            DatabaseError: the folder is missing (``create_folder`` false), or the file cannot be
+                opened or put in WAL mode.
+        """
         self.path = Path(path)
         self.where = str(self.path)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
+        if not create_folder and not self.path.parent.is_dir():
+            raise DatabaseError(f"cannot open the share database {self.path}: folder {self.path.parent} does not "
+                                "exist; make it first, or give --db a path in a folder that does")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             mode = self._connection().execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -196,11 +207,11 @@ class PostgresDatabase(Database):
         self._pool.close()
 
 
-def open_database(url: str) -> Database:
-    """The database at ``url`` (``sqlite:///PATH`` or ``postgresql://...``). Raises
-    :class:`DatabaseError` when it cannot be opened."""
+def open_database(url: str, *, create_folder: bool = False) -> Database:
+    """The database at ``url`` (``sqlite:///PATH`` or ``postgresql://...``); ``create_folder``:
+    make a SQLite file's missing folders. Raises :class:`DatabaseError` when it cannot be opened."""
     if url.startswith("sqlite:///"):
-        return SqliteDatabase(Path(url[len("sqlite:///"):]))
+        return SqliteDatabase(Path(url[len("sqlite:///"):]), create_folder=create_folder)
     if url.startswith(("postgresql://", "postgres://")):
         return PostgresDatabase(url)
     raise DatabaseError(f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql://...")
