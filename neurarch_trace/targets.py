@@ -182,7 +182,11 @@ def _import_file(path: str) -> Any:
         sys.modules.pop(mod_name, None)
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise TargetError(f"importing {path} failed: {error_line(exc)}") from exc
+        hint = ""
+        if isinstance(exc, ImportError) and "relative import" in str(exc):  # `from .layers import X`
+            hint = (f"; a file target is imported alone, without its package: name it as a module, "
+                    f"package.{stem}:Attr, from the folder that holds the package")
+        raise TargetError(f"importing {path} failed: {error_line(exc)}{hint}") from exc
     return module
 
 

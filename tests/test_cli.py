@@ -284,6 +284,11 @@ from torch import nn
 raise RuntimeError("cannot build on this machine")
 """
 
+#: A module of a package, importing its sibling relatively: ``pkg/model.py`` alone cannot run.
+RELATIVE = """
+from .layers import Net
+"""
+
 GOOD_MODULE = """
 from torch import nn
 def raises():
@@ -327,11 +332,17 @@ class Net(nn.Module):
         (["good.py:Net", "--input", "1,4:long"], "with inputs x 1x4 int64: RuntimeError"),
         (["good.py:Net", "--input", "1,4", "--bogus"], "unrecognized arguments: --bogus"),
         (["nodir/good.py:Net", "--input", "1,4"], "file nodir/good.py does not exist"),
+        (["pkg/model.py:Net", "--input", "1,4"],
+         "importing pkg/model.py failed: ImportError: attempted relative import with no known parent package; a "
+         "file target is imported alone, without its package: name it as a module, package.model:Attr, from the "
+         "folder that holds the package"),
     ],
 )
 def test_user_errors(tmp_path, capfd, args, message):
     (tmp_path / "bad.py").write_text(BAD_MODULE)
     (tmp_path / "good.py").write_text(GOOD_MODULE)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "model.py").write_text(RELATIVE)
     existing = tmp_path / "Net.neurarch.json"
     existing.write_text("earlier good graph")
     before = sorted(p.name for p in tmp_path.iterdir())
