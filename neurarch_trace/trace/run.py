@@ -258,14 +258,10 @@ def trace_model(
     # a trace makes many small objects that live to its end; the meta kernels are PyTorch's Python
     with gc_paused(), dynamo_left_unimported():
         recording, output = _record(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress)
-        if not output_tensors(output):
-            warn_no_output(model, graph_name)
-        warn_unused_inputs(model, _unused_inputs(recording, _swallowed_keywords(model, call_kwargs)))
         # the plan sizes the model, not the view a depth cuts
         recording, full_recording = _at_full_depth(recording, model, args, call_kwargs, named_inputs, tensors, depth,
                                                    graph_name)
-        if recording.on_meta:  # at full depth: a depth may cut the table into a node
-            warn_positions_past_table(model, (full_recording or recording).records)
+        _warn(model, graph_name, output, recording, full_recording, call_kwargs)
         step = None
         if training_step:  # its forward rebinds what the traced one did (a counter, a cache): put back
             with state_kept(walk.Tree(model), values=False):
@@ -274,6 +270,18 @@ def trace_model(
         full = None if full_recording is None else _graph(full_recording, None, step, model, named_inputs,
                                                           graph_name, description)
         return _graph(recording, full, step, model, named_inputs, graph_name, description)
+
+
+def _warn(model: nn.Module, graph_name: str, output: Any, recording: Recording, full: Optional[Recording],
+          kwargs: dict) -> None:
+    """What the trace tells of the model (:mod:`.notices`): a forward that returned no tensor,
+    keyword inputs its ``**kwargs`` swallowed, and on meta a position table indexed past its rows
+    (read at full depth: a depth may cut the table into a node)."""
+    if not output_tensors(output):
+        warn_no_output(model, graph_name)
+    warn_unused_inputs(model, _unused_inputs(recording, _swallowed_keywords(model, kwargs)))
+    if recording.on_meta:
+        warn_positions_past_table(model, (full or recording).records)
 
 
 def _graph(recording: Recording, full: Optional[dict], step: Optional[dict], model: nn.Module,
