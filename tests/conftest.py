@@ -80,9 +80,29 @@ def plan_server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerURL]]:
     yield start
     for server, _, _ in running:
         server.should_exit = True
-    for _, thread, sock in running:
+    # uvicorn notices should_exit on its next tick and then sleeps 0.1 s before it shuts down
+    # (uvicorn.Server.main_loop, shutdown): about 0.18 s a server, mostly asleep. Earlier tests'
+    # servers, given a whole test to finish, are joined now; this one's by the next test or at
+    # the end of the session (each test's database is its own, in its tmp_path)
+    _join_stopped()
+    _STOPPING.extend((thread, sock) for _, thread, sock in running)
+
+
+#: ``(thread, socket)`` of servers told to stop and not yet joined.
+_STOPPING: List[Tuple[threading.Thread, socket.socket]] = []
+
+
+def _join_stopped() -> None:
+    while _STOPPING:
+        thread, sock = _STOPPING.pop()
         thread.join(timeout=10)
         sock.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _servers_joined_at_the_end() -> Iterator[None]:
+    yield
+    _join_stopped()
 
 
 @pytest.fixture

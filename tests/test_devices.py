@@ -73,7 +73,8 @@ def meta_against_cpu(make_model, make_inputs) -> bool:
 FIXTURES_NEEDING_VALUES: set = set()
 
 
-@pytest.mark.parametrize("name", sorted(FIXTURES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "ResNet50" else n
+                                  for n in sorted(FIXTURES)])  # ResNet-50: a second each way, the full run's
 def test_fixtures_on_meta_are_the_cpu_graphs(name):
     ran = meta_against_cpu(*FIXTURES[name])
     assert ran == (name not in FIXTURES_NEEDING_VALUES), why[0]
