@@ -21,6 +21,10 @@ class Parser(argparse.ArgumentParser):
     code 1."""
 
     def error(self, message: str) -> NoReturn:
+        if message == "argument -i/--input: expected one argument":
+            # argparse reads a value starting with '-' (--input -1,3) as an option
+            message += (" (sizes are positive, batch first: --input 1,3; a value that starts with '-' reads as an "
+                        "option)")
         self.exit(1, f"{PROG}: {message} (see {self.prog} --help)\n")
 
 

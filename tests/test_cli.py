@@ -331,6 +331,9 @@ class Net(nn.Module):
                                             "x 1x5 float32: RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
         (["good.py:Net", "--input", "1,4:long"], "with inputs x 1x4 int64: RuntimeError"),
         (["good.py:Net", "--input", "1,4", "--bogus"], "unrecognized arguments: --bogus"),
+        (["good.py:Net", "--input", "-1,4"],
+         "argument -i/--input: expected one argument (sizes are positive, batch first: --input 1,3; a value that "
+         "starts with '-' reads as an option)"),
         (["nodir/good.py:Net", "--input", "1,4"], "file nodir/good.py does not exist"),
         (["pkg/model.py:Net", "--input", "1,4"],
          "importing pkg/model.py failed: ImportError: attempted relative import with no known parent package; a "
