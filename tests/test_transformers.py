@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from helpers import run_cli as _cli  # noqa: E402
 from neurarch_trace import trace_model  # noqa: E402
 
 SMALL = dict(num_hidden_layers=2, num_attention_heads=4, vocab_size=100)
+#: How the plan's beyond-position-table warning ends.
+CANNOT = " cannot be read (packed sequences whose position ids restart can)"
 
 
 def bert():
@@ -125,12 +128,12 @@ def test_plans_past_the_position_table_warn():
     assert warned(bert_graph) == warned(bert_graph, seq_len=512, context=512) == []
     assert warned(bert_graph, seq_len=513) == [(
         "beyond-position-table", table,
-        f"513 tokens per sample, but the position table {table} has 512 rows: the model reads at most 512 tokens",
-        "high")]
+        f"513 tokens per sample, but the position table {table} has 512 rows: a sequence of more than 512 tokens"
+        f"{CANNOT}", "high")]
     assert warned(bert_graph, context=4096) == [(
         "beyond-position-table", table,
-        f"4,096 tokens of serving context, but the position table {table} has 512 rows: the model reads at most "
-        "512 tokens", "high")]
+        f"4,096 tokens of serving context, but the position table {table} has 512 rows: a sequence of more than "
+        f"512 tokens{CANNOT}", "high")]
     assert [w[2][:21] for w in warned(gpt2_graph, seq_len=65, context=65)] == [
         "65 tokens per sample,", "65 tokens of serving "]
     assert warned(gpt2_graph, seq_len=64) == []
@@ -143,10 +146,29 @@ def test_plans_past_the_position_table_warn():
     with pytest.warns(TraceWarning, match="transformer.wpe is a position table of 64 rows, indexed with 80 positions"):
         long = trace_model(on_meta, torch.randint(0, 100, (1, 80), device="meta"), training_step=False)
     assert [w[2] for w in warned(long)] == [
-        "80 tokens per sample, but the position table transformer.wpe has 64 rows: the model reads at most 64 "
-        "tokens"]
+        f"80 tokens per sample, but the position table transformer.wpe has 64 rows: a sequence of more than 64 "
+        f"tokens{CANNOT}"]
     with pytest.raises(Exception, match="index out of range"):
         gpt2_model(torch.randint(0, 100, (1, 80)))  # what a real device says
+    # position ids the caller gives are the caller's values (packed sequences): not judged
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)
+        trace_model(on_meta, {"input_ids": torch.randint(0, 100, (1, 80), device="meta"),
+                              "position_ids": torch.randint(0, 64, (1, 80), device="meta")}, training_step=False)
+    # OPT's table holds 2 rows more than its positions (OPTLearnedPositionalEmbedding.offset)
+    opt_cfg = transformers.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2,
+                                     vocab_size=100, max_position_embeddings=64, word_embed_proj_dim=32)
+    with torch.device("meta"):
+        opt = transformers.OPTModel(opt_cfg)
+    assert opt.decoder.embed_positions.num_embeddings == 66 and opt.decoder.embed_positions.offset == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceWarning)
+        trace_model(opt, torch.randint(0, 100, (1, 64), device="meta"), training_step=False)
+    with pytest.warns(TraceWarning, match=r"decoder.embed_positions is a position table of 66 rows \(64 positions "
+                                          r"after its offset of 2\), indexed with 65 positions: .* at most 64 tokens"):
+        trace_model(opt, torch.randint(0, 100, (1, 65), device="meta"), training_step=False)
+    with pytest.raises(Exception, match="index out of range"):
+        transformers.OPTModel(opt_cfg)(torch.randint(0, 100, (1, 65)))  # what a real device says
 
 
 def test_saved_checkpoint_through_hf_target(tmp_path, capfd):

@@ -6,8 +6,10 @@ level), so the card's one line shows the worst. The rules, by severity:
 
 * high, ``beyond-position-table``: the tokens per sample the plan sizes for (``seq_len``, else the
   traced length) or the serving ``context`` exceed the rows of the model's learned position table
-  (BERT's 512, GPT-2's 1024): the model cannot read that many tokens (PyTorch raises an index error
-  on a real device; the meta device checks no index), and the figures assume it could.
+  (BERT's 512, GPT-2's 1024): one sequence that long cannot be read (PyTorch raises an index error
+  on a real device; the meta device checks no index), and the figures assume it could; packed
+  sequences whose position ids restart below the table's rows can. OPT's and BART's tables hold
+  2 rows more than their positions, which the graph does not say.
 * high, ``softmax-at-output``: a ``softmax`` feeding an output: ``nn.CrossEntropyLoss`` applies
   log-softmax itself and expects logits, so training would apply it twice.
 * high, ``deep-without-residual``: eight or more weight layers on one path and no merge point
@@ -130,7 +132,8 @@ def _length_warnings(graph: Graph, seq_len: Optional[int], context: Optional[int
         if tokens is not None and tokens > rows:
             issues.append(Issue("beyond-position-table", node.name,
                                 f"{tokens:,} tokens {what}, but the position table {node.name} has {rows:,} "
-                                f"rows: the model reads at most {rows:,} tokens"))
+                                f"rows: a sequence of more than {rows:,} tokens cannot be read (packed "
+                                f"sequences whose position ids restart can)"))
     return issues
 
 

@@ -120,12 +120,16 @@ def _position_table(qualname: str) -> bool:
     return leaf == "wpe" or "position" in leaf
 
 
-def warn_positions_past_table(model: Any, records: List[Any]) -> None:
+def warn_positions_past_table(model: Any, records: List[Any], input_count: int) -> None:
     """On the meta device, whose kernels read no index: each call of a learned position table
     (an ``nn.Embedding`` named as :func:`_position_table` says) indexed with more positions (its
-    input's last dimension) than the table has rows. A real device raises ``index out of range``
-    there, so the trace stands for a forward that cannot run: say so, at the model's ``forward``.
-    ``records``: the recording's :class:`~.records.LayerCall` records, shapes still raw."""
+    input's last dimension) than the table holds: its rows less the ``offset`` of OPT's and BART's
+    tables (``OPTLearnedPositionalEmbedding`` adds 2 to every position). A real device raises
+    ``index out of range`` there, so the trace stands for a forward that cannot run: say so, at the
+    model's ``forward``. Indices that come from an input (``position_ids`` given, packed sequences
+    whose positions restart) are the caller's values and are not judged. ``records``: the
+    recording's :class:`~.records.LayerCall` records, settled, shapes still raw; the first
+    ``input_count`` are the inputs."""
     from torch import nn
 
     told = set()
@@ -133,13 +137,20 @@ def warn_positions_past_table(model: Any, records: List[Any]) -> None:
         module = record.module
         if not isinstance(module, nn.Embedding) or id(module) in told or not _position_table(record.qualname):
             continue
+        if any(isinstance(key, int) and key < input_count for key in record.sources):
+            continue  # position ids the caller gave
+        offset = getattr(module, "offset", 0)
+        offset = offset if isinstance(offset, int) and 0 <= offset < module.num_embeddings else 0
+        most = module.num_embeddings - offset
         raw = record.input_shape
         positions = raw[0][-1] if raw is not None and raw[0] else None
-        if positions is not None and positions > module.num_embeddings:
+        if positions is not None and positions > most:
             told.add(id(module))
             place, number = _forward_place(model)
+            rows = f"{module.num_embeddings:,} rows" + (f" ({most:,} positions after its offset of {offset})"
+                                                        if offset else "")
             warnings.warn_explicit(
-                f"{record.qualname} is a position table of {module.num_embeddings:,} rows, indexed with "
-                f"{positions:,} positions: on a real device this forward raises 'index out of range' (the meta "
-                f"device checks no index); trace at most {module.num_embeddings:,} tokens",
+                f"{record.qualname} is a position table of {rows}, indexed with {positions:,} positions: on a "
+                f"real device this forward raises 'index out of range' (the meta device checks no index); trace "
+                f"at most {most:,} tokens",
                 TraceWarning, place, number, module=os.path.splitext(os.path.basename(place))[0], registry={})

@@ -281,7 +281,8 @@ def _warn(model: nn.Module, graph_name: str, output: Any, recording: Recording, 
         warn_no_output(model, graph_name)
     warn_unused_inputs(model, _unused_inputs(recording, _swallowed_keywords(model, kwargs)))
     if recording.on_meta:
-        warn_positions_past_table(model, (full or recording).records)
+        read = full or recording
+        warn_positions_past_table(model, read.records, read.input_count)
 
 
 def _graph(recording: Recording, full: Optional[dict], step: Optional[dict], model: nn.Module,
