@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import gc
 import os
 import sys
@@ -27,7 +26,7 @@ from typing import Callable, Sequence
 
 import neurarch_trace.plan_cli as plan_cli
 from neurarch_trace._version import __version__
-from neurarch_trace.console import PROG, Parser, say, show_warning, write_stdout
+from neurarch_trace.console import PROG, Parser, say, show_warning, stdout_to_stderr, write_stdout
 from neurarch_trace.contract import (
     check_output_path,
     default_graph_path,
@@ -139,7 +138,8 @@ def run() -> None:
                 stream.flush()
         except (OSError, ValueError):  # a closed pipe (| head): nothing more can be said
             pass
-    atexit._run_exitfuncs()
+    with stdout_to_stderr():  # a model file's atexit handlers print after the graph or the card
+        atexit._run_exitfuncs()
     os._exit(code)
 
 
@@ -196,7 +196,7 @@ def _trace_command(args: argparse.Namespace) -> int:
     notes: list = []
     # stdout carries the graph (-o -) or the card alone: what the model's code prints while it is
     # imported, built, traced and rehearsed goes to stderr
-    with progress, warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+    with progress, warnings.catch_warnings(), stdout_to_stderr():
         warnings.showwarning = show_warning  # the model's warnings, one line each (trace.notices)
         graph, loaded_name = trace_target(
             args.target,
@@ -218,7 +218,7 @@ def _trace_command(args: argparse.Namespace) -> int:
     if isinstance(training, dict) and training.get("error"):  # the trace stands; the plan estimates memory
         say(f"note: memory will be estimated from layer outputs: {training['error']}")
     if to_stdout:
-        write_stdout(dumps_graph(graph), "the graph")
+        write_stdout(dumps_graph(graph), "the graph", fix="; give -o PATH to write a file")
         path = None
     else:
         path = out_path or default_graph_path(graph["name"])

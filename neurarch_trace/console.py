@@ -5,13 +5,14 @@ exit 2 keeps meaning "blocked" under ``--fail-on-block``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from typing import NoReturn
+from typing import Iterator, NoReturn
 
 from neurarch_trace.errors import NeurarchError
 
-__all__ = ["PROG", "Parser", "say", "show_warning", "write_stdout"]
+__all__ = ["PROG", "Parser", "say", "show_warning", "stdout_to_stderr", "write_stdout"]
 
 PROG = "neurarch-trace"
 
@@ -46,8 +47,40 @@ def show_warning(message: Warning | str, category: type, filename: str, lineno: 
     print(f"{PROG}: warning: {shown}:{lineno}: {text}", file=sys.stderr, flush=True)
 
 
-def write_stdout(text: str, what: str) -> None:
-    """Write ``text`` (``what`` it is: ``the graph``, ``the card``) to stdout and flush it.
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Within the block, what is written to stdout goes to stderr: ``print`` (``sys.stdout``) and
+    file descriptor 1 alike (``os.write(1, ...)``, ``sys.__stdout__``, a subprocess that inherits
+    it), so that stdout carries only what the command itself writes (the graph, the card). Where
+    descriptor 1 or 2 is closed, only ``sys.stdout`` is redirected."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+    saved = None
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # a descriptor closed (>&-): Python's streams only
+        if saved is not None:
+            os.close(saved)
+            saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        for stream in (sys.stdout, sys.__stdout__, sys.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def write_stdout(text: str, what: str, *, fix: str = "") -> None:
+    """Write ``text`` (``what`` it is: ``the graph``, ``the card``) to stdout and flush it;
+    ``fix`` (``"; give -o PATH to write a file"``) ends the message of a closed stdout.
 
     Raises:
         NeurarchError: ``cannot write <what> to stdout: <reason>``, when stdout is closed
@@ -55,7 +88,7 @@ def write_stdout(text: str, what: str) -> None:
     """
     stream = sys.stdout
     if stream is None:
-        raise NeurarchError(f"cannot write {what} to stdout: stdout is closed; give -o PATH to write a file")
+        raise NeurarchError(f"cannot write {what} to stdout: stdout is closed{fix}")
     try:
         stream.write(text)
         stream.flush()

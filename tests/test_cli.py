@@ -123,6 +123,38 @@ def test_what_the_model_prints_goes_to_stderr_and_stdout_holds_the_graph(tmp_pat
     assert code == 0 and out == "" and err.splitlines()[-1] == "wrote g.json (1 layer, 2 connections)"
 
 
+LOUD_BELOW_PYTHON = """
+import os, subprocess, sys
+from torch import nn
+class Loud(nn.Linear):
+    def __init__(self):
+        super().__init__(4, 2)
+        os.write(1, b"os.write to fd 1\\n")
+        sys.__stdout__.write("sys.__stdout__\\n")
+        sys.__stdout__.flush()
+        subprocess.run(["echo", "a child process"], check=True)
+"""
+
+
+def test_what_is_written_to_descriptor_1_goes_to_stderr_too(tmp_path, capfd):
+    (tmp_path / "m.py").write_text(LOUD_BELOW_PYTHON)
+    code, out, err = run(["m.py:Loud", "--input", "1,4", "-o", "-"], tmp_path, capfd)
+    assert code == 0, err
+    assert json.loads(out)["measured"]["params"] == 10
+    assert err.splitlines()[:3] == ["os.write to fd 1", "sys.__stdout__", "a child process"]
+
+
+@pytest.mark.slow
+def test_a_model_files_atexit_handler_prints_to_stderr(tmp_path):
+    # run() calls the atexit handlers itself before its quick exit, after the graph is out
+    (tmp_path / "m.py").write_text('import atexit\natexit.register(lambda: print("atexit says bye"))\n'
+                                   + LOUD_BELOW_PYTHON)  # in a process of its own: this one's atexit stays clean
+    proc = run_subprocess(["neurarch-trace", "m.py:Loud", "--input", "1,4", "-o", "-"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["measured"]["params"] == 10
+    assert proc.stderr.splitlines()[-1] == "atexit says bye"
+
+
 @pytest.mark.parametrize("stdout", ["full", "closed"])
 def test_a_graph_stdout_cannot_take_is_one_line(tmp_path, capfd, monkeypatch, stdout):
     (tmp_path / "good.py").write_text(GOOD_MODULE)
