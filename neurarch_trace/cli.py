@@ -186,6 +186,8 @@ def _trace_command(args: argparse.Namespace) -> int:
     if args.output is not None and not args.output.strip():
         raise NeurarchError("-o needs a file name, e.g. -o model.neurarch.json (or -o - for stdout)")
     out_path = check_output_path(args.output) if not to_stdout and args.output is not None else None
+    if args.output is None and args.name:  # ./<name>.neurarch.json, known before the trace
+        check_output_path(default_graph_path(args.name))
     if args.output is None:  # the graph goes to ./<name>.neurarch.json: a folder that takes no file costs no trace
         reason = unwritable_folder(os.getcwd())
         if reason is not None:

@@ -238,9 +238,14 @@ def check_api(api: Optional[str] = None) -> str:
     if parts.scheme not in ("http", "https") or not host:
         raise PlanError(f"{source} {typed!r} is not an http(s) URL; {fix}")
     try:
-        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        port = parts.port  # raises ValueError for a port out of range or not a number
     except ValueError:
-        raise PlanError(f"{source} {typed!r} has a port that is not a number from 0 to 65535; {fix}") from None
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise PlanError(f"{source} {typed!r} has a port that is not a number from 1 to 65535; {fix}")
+    if parts.query or parts.fragment or base_url.endswith(("?", "#")):
+        raise PlanError(f"{source} {typed!r} has a query or a fragment: give the service's base address, to "
+                        f"which {PLAN_PATH} is added; {fix}")
     return base_url
 
 

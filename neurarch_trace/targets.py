@@ -184,10 +184,22 @@ def _import_file(path: str) -> Any:
             raise
         hint = ""
         if isinstance(exc, ImportError) and "relative import" in str(exc):  # `from .layers import X`
-            hint = (f"; a file target is imported alone, without its package: name it as a module, "
-                    f"package.{stem}:Attr, from the folder that holds the package")
+            hint = "; a file target is imported alone, without its package: " + _as_module(folder, stem)
         raise TargetError(f"importing {path} failed: {error_line(exc)}{hint}") from exc
     return module
+
+
+def _as_module(folder: str, stem: str) -> str:
+    """How to name the file ``stem``.py in ``folder`` as a module target: its dotted name through
+    the folders above it that hold an ``__init__.py``, and the folder to run from."""
+    parts = [stem]
+    while os.path.isfile(os.path.join(folder, "__init__.py")) and os.path.dirname(folder) != folder:
+        parts.insert(0, os.path.basename(folder))
+        folder = os.path.dirname(folder)
+    if len(parts) == 1:
+        return "put it in a package (a folder with an __init__.py) and name it as package.module:Attr"
+    where = os.path.relpath(folder)
+    return f"name it as a module, {'.'.join(parts)}:Attr, from {'this folder' if where == '.' else where}"
 
 
 def _import_module(name: str) -> Any:

@@ -367,17 +367,30 @@ class Net(nn.Module):
          "argument -i/--input: expected one argument (sizes are positive, batch first: --input 1,3; a value that "
          "starts with '-' reads as an option)"),
         (["nodir/good.py:Net", "--input", "1,4"], "file nodir/good.py does not exist"),
+        (["good.py:raises", "--input", "1,4", "--name", "x" * 300],  # refused before the factory runs
+         "cannot write " + "x" * 60 + "...: the file name is longer than 255 bytes; give a shorter -o or --name"),
+        (["good.py:raises", "--input", "1,4", "-o", "y" * 300 + ".json"], "the file name is longer than 255 bytes"),
+        (["good.py:raises", "--input", "1,4", "-o", "dangling"], "cannot write dangling: folder "),
         (["pkg/model.py:Net", "--input", "1,4"],
          "importing pkg/model.py failed: ImportError: attempted relative import with no known parent package; a "
-         "file target is imported alone, without its package: name it as a module, package.model:Attr, from the "
-         "folder that holds the package"),
+         "file target is imported alone, without its package: name it as a module, pkg.model:Attr, from this "
+         "folder"),
+        (["pkg/sub/net.py:Net", "--input", "1,4"], "name it as a module, pkg.sub.net:Attr, from this folder"),
+        (["flat/net.py:Net", "--input", "1,4"],
+         "put it in a package (a folder with an __init__.py) and name it as package.module:Attr"),
     ],
 )
 def test_user_errors(tmp_path, capfd, args, message):
     (tmp_path / "bad.py").write_text(BAD_MODULE)
     (tmp_path / "good.py").write_text(GOOD_MODULE)
-    (tmp_path / "pkg").mkdir()
+    for folder in ("pkg", "pkg/sub", "flat"):
+        (tmp_path / folder).mkdir()
+        if folder != "flat":
+            (tmp_path / folder / "__init__.py").write_text("")
     (tmp_path / "pkg" / "model.py").write_text(RELATIVE)
+    (tmp_path / "pkg" / "sub" / "net.py").write_text(RELATIVE)
+    (tmp_path / "flat" / "net.py").write_text(RELATIVE)
+    (tmp_path / "dangling").symlink_to(tmp_path / "no-such-folder" / "g.json")  # written through: its folder
     existing = tmp_path / "Net.neurarch.json"
     existing.write_text("earlier good graph")
     before = sorted(p.name for p in tmp_path.iterdir())

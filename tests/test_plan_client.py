@@ -353,8 +353,13 @@ def test_a_share_link_that_is_not_http_is_refused(canned: CannedServer) -> None:
 
 
 @pytest.mark.parametrize("api, fault", [
-    ("http://127.0.0.1:99999", "has a port that is not a number from 0 to 65535"),
-    ("http://127.0.0.1:x", "has a port that is not a number from 0 to 65535"),
+    ("http://127.0.0.1:99999", "has a port that is not a number from 1 to 65535"),
+    ("http://127.0.0.1:x", "has a port that is not a number from 1 to 65535"),
+    ("http://127.0.0.1:0", "has a port that is not a number from 1 to 65535"),
+    ("http://127.0.0.1:8000?x=1", "has a query or a fragment: give the service's base address, to which "
+                                  "/api/v1/plan is added"),
+    ("http://127.0.0.1:8000/#top", "has a query or a fragment: give the service's base address, to which "
+                                   "/api/v1/plan is added"),
     ("http://[::1", "is not an http(s) URL: its host is malformed"),  # urlsplit raises ValueError
 ])
 def test_a_bad_port_or_host_is_a_plan_error(api: str, fault: str) -> None:

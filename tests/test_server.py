@@ -345,6 +345,15 @@ def test_serve_makes_no_folder_for_a_db_path(tmp_path: Path, capsys: pytest.Capt
     assert list(tmp_path.iterdir()) == []
 
 
+def test_serve_db_that_is_empty_or_a_folder_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert serve_main(["--port", "0", "--db", ""]) == 1
+    assert capsys.readouterr().err == ("neurarch-trace: --db needs a SQLite file path or a postgresql:// URL (leave it "
+                                       "out for the default file)\n")
+    assert serve_main(["--port", "0", "--db", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (f"neurarch-trace: cannot open the share database {tmp_path}: it is a folder; "
+                                       f"give a file in it, such as {tmp_path / 'shares.sqlite3'}\n")
+
+
 def test_serve_bad_option_is_one_line(capsys: pytest.CaptureFixture) -> None:
     assert serve_main(["--public-url", "ftp://x"]) == 1
     assert capsys.readouterr().err == ("neurarch-trace: --public-url: Value error, public_url must be an http(s) URL "

@@ -155,12 +155,21 @@ def check_output_path(path: str) -> str:
         raise NeurarchError(missing_folder(path, folder))
     if os.path.isdir(path):
         raise NeurarchError(f"cannot write {path}: it is a folder; give a file name ending in {SUFFIX}")
+    if len(os.path.basename(path).encode()) > _NAME_MAX:
+        raise NeurarchError(f"cannot write {path[:60]}...: the file name is longer than {_NAME_MAX} bytes; give a "
+                            "shorter -o or --name")
     if not _special(path):
-        folder = os.path.dirname(os.path.realpath(path))
+        folder = os.path.dirname(os.path.realpath(path))  # a symbolic link is written through
+        if not os.path.isdir(folder):
+            raise NeurarchError(missing_folder(path, folder))
         reason = unwritable_folder(folder)
         if reason is not None:
             raise NeurarchError(f"cannot write {path}: {reason} (folder {folder})")
     return path
+
+
+#: The longest file name most file systems take, in bytes (ext4, XFS, Btrfs, APFS, NTFS: 255).
+_NAME_MAX = 255
 
 
 def unwritable_folder(folder: str) -> str | None:

@@ -163,6 +163,8 @@ class NeurarchMagics(Magics):
         no_save, path = _output(args)
         input_texts = trace.input_texts(example=_NO_INPUT_EXAMPLE)
         _check_specs(trace, input_texts)
+        if path is None and not no_save and trace.name:  # ./<name>.neurarch.json, known before the trace
+            path = default_graph_path(trace.name)
         if path is not None:
             check_output_path(path)
         elif not no_save and (reason := unwritable_folder(os.getcwd())) is not None:

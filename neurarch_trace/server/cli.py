@@ -134,6 +134,8 @@ def serve_main(argv: Sequence[str]) -> int:
         keys = _keys(args)
     except OSError as exc:
         return _fail(f"cannot read --api-keys-file {args.api_keys_file}: {exc.strerror or exc}")
+    if args.db is not None and not args.db.strip():
+        return _fail("--db needs a SQLite file path or a postgresql:// URL (leave it out for the default file)")
     try:
         settings = Settings(**_options(args, keys))
     except ValueError as exc:

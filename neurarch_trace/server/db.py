@@ -100,6 +100,9 @@ class SqliteDatabase(Database):
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
+        if self.path.is_dir():
+            raise DatabaseError(f"cannot open the share database {self.path}: it is a folder; give a file in it, "
+                                f"such as {self.path / 'shares.sqlite3'}")
         if not create_folder and not self.path.parent.is_dir():
             raise DatabaseError(f"cannot open the share database {self.path}: folder {self.path.parent} does not "
                                 "exist; make it first, or give --db a path in a folder that does")
