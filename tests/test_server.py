@@ -354,6 +354,20 @@ def test_serve_db_that_is_empty_or_a_folder_is_one_line(tmp_path: Path, capsys: 
                                        f"give a file in it, such as {tmp_path / 'shares.sqlite3'}\n")
 
 
+def test_serve_with_postgresql_down_is_one_line_with_the_reason(capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("psycopg")
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    url = f"postgresql://nobody:secret@127.0.0.1:{port}/shares"
+    assert serve_main(["--port", "0", "--db", url]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "secret" not in err
+    assert err.startswith(f"neurarch-trace: cannot connect to the share database "
+                          f"postgresql://nobody:***@127.0.0.1:{port}/shares: connection failed: "), err
+    assert "Connection refused" in err
+
+
 def test_serve_bad_option_is_one_line(capsys: pytest.CaptureFixture) -> None:
     assert serve_main(["--public-url", "ftp://x"]) == 1
     assert capsys.readouterr().err == ("neurarch-trace: --public-url: Value error, public_url must be an http(s) URL "

@@ -29,6 +29,8 @@ __all__ = ["Database", "DatabaseError", "open_database"]
 SQLITE_BUSY_TIMEOUT_S = 30.0
 #: Connections per replica in the PostgreSQL pool (threads that touch the database at once).
 PG_POOL_MAX = 16
+#: Seconds the first connection at start may take (libpq's ``connect_timeout``).
+PG_CONNECT_TIMEOUT_S = 10
 _PLACEHOLDER = re.compile(r"(?<!:):([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -180,6 +182,11 @@ class PostgresDatabase(Database):
         self._pool_errors = (PoolTimeout,)
         parts = re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", url)
         self.where = parts
+        try:  # one connection first: its error says why (the pool's says only that it timed out)
+            psycopg.connect(url, connect_timeout=PG_CONNECT_TIMEOUT_S, autocommit=True).close()
+        except psycopg.Error as exc:
+            raise DatabaseError(f"cannot connect to the share database {parts}: "
+                                f"{' '.join(str(exc).split())}") from exc
         try:
             self._pool = ConnectionPool(url, min_size=1, max_size=PG_POOL_MAX, open=False,
                                         kwargs={"autocommit": True})
