@@ -188,7 +188,7 @@ def _trace_command(args: argparse.Namespace) -> int:
     out_path = check_output_path(args.output) if not to_stdout and args.output is not None else None
     if args.output is None and args.name:  # ./<name>.neurarch.json, known before the trace
         check_output_path(default_graph_path(args.name))
-    if args.output is None:  # the graph goes to ./<name>.neurarch.json: a folder that takes no file costs no trace
+    elif args.output is None:  # the graph goes to ./<name>.neurarch.json: a folder that takes no file costs no trace
         reason = unwritable_folder(os.getcwd())
         if reason is not None:
             raise NeurarchError(f"cannot write the graph in the current folder {os.getcwd()}: {reason}; "
