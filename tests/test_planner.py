@@ -295,6 +295,8 @@ def test_token_model_seq_len_and_eager_attention() -> None:
     assert (training["unit"], training["samples"]) == ("billion-tokens", 15_625_000)
     assert training["flops"] == pytest.approx(4.94592e14, rel=1e-12)
     assert "at 64 tokens" in make_plan(_token_model(), seq_len=64)["text"]
+    # thousands separated, as the serving line's context is
+    assert "at 2,048 tokens" in make_plan(_token_model(), seq_len=2048)["text"]
 
 
 def test_eager_attention_in_functional_code_is_said_not_counted() -> None:

@@ -347,6 +347,10 @@ def test_head_and_trailing_slash_on_shares(plan_server: str) -> None:
     assert requests.head(f"{plan_server}/p/{'A' * 24}", timeout=30).status_code == 404
     slash = requests.get(url + "/", headers={"Host": "evil.example"}, allow_redirects=False, timeout=30)
     assert slash.status_code == 308 and slash.headers["location"] == f"../{share_id}"
+    # HEAD answers as GET does (it was 405)
+    slash_head = requests.head(url + "/", allow_redirects=False, timeout=30)
+    assert slash_head.status_code == 308 and slash_head.headers["location"] == f"../{share_id}"
+    assert requests.head(f"{plan_server}/p/{'!' * 24}/", timeout=30).status_code == 404
     followed = requests.get(url + "/", timeout=30)
     assert followed.status_code == 200 and followed.url == url
     assert error_of(requests.get(plan_server + "/api/v1/health/", allow_redirects=False, timeout=30), 404)

@@ -58,9 +58,10 @@ class Workload:
         return min(self.input_shape[1], self.input_shape[2])
 
     def describe(self) -> str | None:
-        """How the card says what FLOPs are quoted at: ``3x224x224`` or ``2048 tokens``."""
+        """How the card says what FLOPs are quoted at: ``3x224x224`` or ``2,048 tokens`` (thousands
+        separated, as the serving line's context is)."""
         if self.kind == "tokens" and self.seq_len is not None:
-            return f"{self.seq_len} tokens"
+            return f"{self.seq_len:,} tokens"
         if self.input_shape:
             return "x".join(str(d) for d in self.input_shape)
         return None

@@ -99,6 +99,7 @@ async def share_page(share_id: str, request: Request, store: Annotated[ShareStor
 
 
 @router.get("/p/{share_id}/", include_in_schema=False)
+@router.head("/p/{share_id}/", include_in_schema=False)
 async def share_slash(share_id: str) -> Response:
     if not ID_PATTERN.fullmatch(share_id):
         raise ApiError(404, "not found")
