@@ -24,7 +24,9 @@ Reports, in one run on this machine:
    is nobody's. Reported: the median time of each
    over ``--repeats`` rounds, and its ratio to the bare forward from the round-paired differences
    (:func:`summarise`); and, as ``best_ratio``, its fastest round over the bare forward's fastest
-   (:func:`best_ratio`).
+   (:func:`best_ratio`); and, as ``against_peers``, the trace's time minus each peer's in the
+   same round: its median, a 95% interval for that median, and the rounds the trace won
+   (:func:`against_peers`).
 2. The command line as a user runs it, whole process (``neurarch-trace
    examples/models/resnet.py:ResNet50 --input 1,3,224,224``, default device, ``--device cpu`` and
    ``--no-training-step``),
@@ -44,6 +46,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import platform
 import resource
@@ -204,6 +207,43 @@ def best_ratio(times: Dict[str, List[float]], base: str) -> Dict[str, float]:
     return {name: min(t) / fastest for name, t in times.items()}
 
 
+#: The peers this project's trace is compared with, round by round (:func:`against_peers`).
+PEERS = ("torchinfo", "FlopCounterMode")
+
+
+def median_interval(values: List[float], confidence: float = 0.95) -> Tuple[float, float]:
+    """A distribution-free interval for the median of ``values`` (order statistics): the k-th
+    smallest to the k-th largest, k the largest rank with P(Binomial(n, 1/2) < k) <= (1 -
+    confidence) / 2, as the sign test gives it (Conover, *Practical Nonparametric Statistics*,
+    3rd ed., section 3.2). Needs at least 6 values for 95%; with fewer, the whole range."""
+    ordered = sorted(values)
+    n = len(ordered)
+    tail, k, below = (1 - confidence) / 2, 0, 0.0
+    while k < n // 2:
+        below += math.comb(n, k) / 2 ** n  # P(Binomial(n, 1/2) = k)
+        if below > tail:
+            break
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
+
+
+def against_peers(times: Dict[str, List[float]], tool: str = "neurarch-trace") -> Dict[str, dict]:
+    """``tool`` against each peer of :data:`PEERS` that ran, round by round: the median of
+    (tool's time - peer's time) in the same round, in ms, its 95% interval
+    (:func:`median_interval`), and the rounds in which the tool was faster. A difference whose
+    interval straddles 0 is one this machine cannot resolve in this run."""
+    out = {}
+    for peer in PEERS:
+        if peer not in times or tool not in times:
+            continue
+        diffs = [(a - b) * 1e3 for a, b in zip(times[tool], times[peer])]
+        low, high = median_interval(diffs)
+        out[peer] = {"median_ms": statistics.median(diffs), "interval_ms": [low, high],
+                     "rounds_faster": sum(d < 0 for d in diffs), "rounds": len(diffs)}
+    return out
+
+
 def bench_in_process(repeats: int, only: Optional[str] = None) -> List[dict]:
     rows = []
     for label, build in models():
@@ -220,10 +260,13 @@ def bench_in_process(repeats: int, only: Optional[str] = None) -> List[dict]:
         times = rounds(calls, repeats)
         seconds, ratio = summarise(times, RUNNERS[0][0])
         best = best_ratio(times, RUNNERS[0][0])
-        row = {"model": label, "seconds": seconds, "ratio": ratio, "best_ratio": best}
+        paired = against_peers(times)
+        row = {"model": label, "seconds": seconds, "ratio": ratio, "best_ratio": best, "against_peers": paired}
         rows.append(row)
         shown = "  ".join(f"{k} {v * 1e3:.1f} ms ({ratio[k]:.3f}x, best {best[k]:.3f}x)" for k, v in seconds.items())
-        print(f"{label:34s} {shown}", flush=True)
+        versus = "  ".join(f"- {peer} {p['median_ms']:+.1f} ms [{p['interval_ms'][0]:+.1f}, {p['interval_ms'][1]:+.1f}]"
+                           f" faster in {p['rounds_faster']}/{p['rounds']}" for peer, p in paired.items())
+        print(f"{label:34s} {shown}\n{'':34s} trace {versus}", flush=True)
     return rows
 
 
