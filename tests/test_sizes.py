@@ -107,15 +107,35 @@ def test_the_graphs_blocks_and_activations(llama7b: dict[str, Any], llama70b: di
 def test_kv_layout_from_the_linears(llama7b: dict[str, Any], llama70b: dict[str, Any]) -> None:
     # k_proj and v_proj outFeatures = kv_heads x head_dim; the rotary embedding's output is one
     # angle per head dimension (128): 7B 4096 / 128 = 32 KV heads, 70B 1024 / 128 = 8
-    for doc, layers, heads in ((llama7b, 32, 32), (llama70b, 80, 8)):
+    # q_proj outFeatures = heads x head_dim: 7B 4096 / 128 = 32 query heads, 70B 8192 / 128 = 64
+    for doc, layers, heads, queries in ((llama7b, 32, 32, 32), (llama70b, 80, 8, 64)):
         layout = kv_layout(analyse(doc).graph)
-        assert (layout.layers, layout.kv_heads, layout.head_dim) == (layers, heads, 128)
+        assert (layout.layers, layout.kv_heads, layout.head_dim, layout.heads) == (layers, heads, 128, queries)
         assert layout.bytes_per_token() == 2 * layers * heads * 128 * 2
     # without a rotary embedding the head dimension is unknown; the KV cache is still exact
     no_rope = copy.deepcopy(llama7b)
     no_rope["components"] = [c for c in no_rope["components"] if c["type"] != "rope"]
     layout = kv_layout(analyse(no_rope).graph)
     assert (layout.kv_heads, layout.head_dim, layout.bytes_per_token()) == (None, None, 2 * 32 * 4096 * 2)
+    assert layout.heads is None
+
+
+@pytest.mark.parametrize("heads, kv_heads, gpus, degree", [
+    (32, 32, 8, 8),    # LLaMA-7B: one node, all tensor parallel
+    (64, 8, 24, 8),    # LLaMA-3-70B on 3 nodes: 8 x 3 stages
+    (28, 4, 8, 4),     # Qwen2-7B: 28 heads do not split 8 ways (vLLM refuses), 4 x 2 stages
+    (28, 4, 2, 2),
+    (12, 2, 8, 4),     # Qwen2-1.5B: 12 heads split 4 ways; 2 key/value heads replicated
+    (71, 1, 8, 1),     # Falcon-7B: 71 query heads, a prime: pipeline stages only
+    (40, 8, 16, 8),    # Qwen2.5-14B
+    (32, 2, 8, 8),     # 2 key/value heads replicated 4 times
+    (None, None, 8, 8),  # no head counts in the graph
+    (None, None, 24, 8),
+    (None, None, 4, 4),
+])
+def test_tensor_parallel_degree_follows_the_head_counts(heads: Any, kv_heads: Any, gpus: int, degree: int) -> None:
+    from neurarch_trace.planner.serve import KvLayout
+    assert KvLayout(heads=heads, kv_heads=kv_heads).tensor_parallel(gpus) == degree
 
 
 def test_kv_formula_reproduces_the_paged_attention_paper() -> None:

@@ -77,3 +77,25 @@ def test_qlora_paper_65b_on_one_48gb_gpu() -> None:
     fit = plan["fit"]
     assert (fit["gpus"], fit["strategy"]) == (2, "zero3+ckpt") and fit["needGb"] <= 48
     assert plan["finetune"]["baseGb"] < 48 / 1.15  # the 4-bit base alone fits one card with headroom
+
+
+def test_serving_splits_qwen2_heads_four_ways_on_eight_gpus() -> None:
+    """Qwen2-7B's 28 query and 4 key/value heads (hidden 3584 = 28 x 128) do not split 8 ways:
+    vLLM refuses tensor_parallel_size=8 ("Total number of attention heads (28) must be divisible by
+    tensor parallel size (8)"). On a fixed 8 GPUs the plan serves it as tensor parallel 4 x 2
+    pipeline stages; a config with 2 layers, traced on meta, has the same head counts."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=2,
+                                      num_attention_heads=28, num_key_value_heads=4, vocab_size=1000)
+    with torch.device("meta"):
+        model = transformers.Qwen2ForCausalLM(config)
+    graph = trace_model(model, torch.randint(0, 1000, (1, 64), device="meta"), training_step=False)
+    answer = make_plan(graph, gpu="H100x8")
+    serve = answer["plan"]["serve"]
+    assert (serve["heads"], serve["kvHeads"], serve["headDim"], serve["layers"]) == (28, 4, 128, 2)
+    assert (serve["gpus"], serve["tensorParallel"], serve["pipelineStages"]) == (8, 4, 2)
+    assert "tensor parallel 4 x pipeline 2 (28 heads)" in [line.strip("| ") for line in answer["text"].splitlines()]
+    # one GPU holds it when free to choose: no pipeline, no extra row
+    alone = make_plan(graph)
+    assert (alone["plan"]["serve"]["gpus"], alone["plan"]["serve"]["pipelineStages"]) == (1, 1)
+    assert "pipeline" not in alone["text"]

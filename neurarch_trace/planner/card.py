@@ -295,6 +295,9 @@ def _serve_rows(model: Mapping[str, Any], serve: Optional[Mapping[str, Any]]) ->
     parts = f"weights {weights}, {kv}" if serve["layers"] else f"weights {weights}, no KV cache (no decoder)"
     rows = [f"{_setup(serve)} {serve['precision']}, {context} x batch {serve['batch']}",
             f"{units.gb(serve['peakGb'] * 1e9)} {'per GPU' if n > 1 else 'peak'}: {parts}"]
+    if serve["pipelineStages"] > 1:
+        heads = f" ({serve['heads']} heads)" if serve["heads"] else ""
+        rows.append(f"tensor parallel {serve['tensorParallel']} x pipeline {serve['pipelineStages']}{heads}")
     others = [f"{o['precision']} on {_setup(o)}" for o in serve["options"]
               if o["precision"] != serve["precision"] and o["fits"]]
     if others:

@@ -36,9 +36,13 @@ notes that no key/value projection was found, since its KV cache, if it has one,
 
 The setup: the fewest GPUs (1 to 8, 16, 24, ... 64; powers of two up to 8, as tensor parallelism
 needs the head count divisible by N: vLLM checks that "Total number of attention heads must be
-divisible by tensor parallel size") that hold batch 1 at the context with x 1.15 headroom, on the
-cheapest card per hour among those, then the larger card; then the largest power-of-two batch that
-setup holds. Prefill (the prompt's forward) is not sized: chunked prefill bounds it.
+divisible by tensor parallel size"; past 8, nodes of 8 in pipeline) that hold batch 1 at the
+context with x 1.15 headroom, on the cheapest card per hour among those, then the larger card;
+then the largest power-of-two batch that setup holds. Prefill (the prompt's forward) is not
+sized: chunked prefill bounds it. How the N split: tensor parallelism of the largest degree up to
+8 that the head counts allow, pipeline stages for the rest (:meth:`KvLayout.tensor_parallel`;
+Qwen2-7B's 28 query and 4 key/value heads on 8 GPUs: 4 x 2); the memory per GPU is the same
+either way.
 """
 
 from __future__ import annotations
@@ -67,7 +71,10 @@ INT8_ROW_SCALE_BYTES = 4
 #: The logits of the token being decoded, upcast to fp32 for sampling.
 LOGIT_BYTES = 4
 SERVE_GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+#: GPUs per node, the largest tensor-parallel degree (NVLink within one 8-GPU node: DGX H100).
+TENSOR_PARALLEL_MAX = 8
 
+_Q = frozenset({"q_proj", "query", "q", "wq", "q_lin", "query_proj"})
 _K = frozenset({"k_proj", "key", "k", "wk", "k_lin", "key_proj"})
 _V = frozenset({"v_proj", "value", "v", "wv", "v_lin", "value_proj"})
 _FUSED = frozenset({"c_attn", "query_key_value", "qkv", "qkv_proj", "wqkv", "in_proj"})
@@ -78,16 +85,35 @@ _OUT = frozenset({"o_proj", "c_proj", "out_proj", "o", "wo", "dense", "out_lin"}
 class KvLayout:
     """Key/value projections found: ``layers`` cached blocks, ``kv_width`` (the sum over them of
     the keys' and values' widths, = 2 x kv_heads x head_dim x layers when all blocks agree),
-    ``head_dim`` and ``kv_heads`` when the rotary embedding gives the head dimension."""
+    ``head_dim``, ``kv_heads`` and ``heads`` (the queries') when the rotary embedding gives the
+    head dimension."""
 
     layers: int = 0
     kv_width: int = 0
     head_dim: int | None = None
     kv_heads: int | None = None
+    heads: int | None = None
 
     def bytes_per_token(self) -> int:
         """KV cache bytes of one token of one sequence."""
         return self.kv_width * KV_BYTES
+
+    def tensor_parallel(self, gpus: int) -> int:
+        """The tensor-parallel degree on ``gpus`` GPUs, the rest of them in pipeline stages: the
+        largest divisor of ``gpus`` up to 8 (one NVLink node) that divides the query heads and
+        divides the key/value heads or is divided by them (they are then replicated), as vLLM
+        checks ("Total number of attention heads must be divisible by tensor parallel size").
+        Without head counts in the graph, ``min(gpus, 8)``. Weights and KV cache split over all
+        ``gpus`` either way (pipeline stages hold whole layers)."""
+        for degree in range(min(gpus, TENSOR_PARALLEL_MAX), 0, -1):
+            if gpus % degree:
+                continue
+            if self.heads and self.heads % degree:
+                continue
+            if self.kv_heads and self.kv_heads % degree and degree % self.kv_heads:
+                continue
+            return degree
+        return 1
 
 
 def _leaf(node: Node) -> str:
@@ -127,15 +153,18 @@ def kv_layout(graph: Graph) -> KvLayout:
             scopes.setdefault(node.scope, []).append(node)
     layout = KvLayout()
     widths: list[int] = []
+    queries_widths: list[int] = []
     for nodes in scopes.values():
         by_leaf = {_leaf(n): n for n in nodes}
         out = lambda n: _features(n, "outFeatures", n.output_shape[-1] if n.output_shape else None)  # noqa: E731
         k = next((by_leaf[name] for name in _K if name in by_leaf), None)
         v = next((by_leaf[name] for name in _V if name in by_leaf), None)
         fused = next((by_leaf[name] for name in _FUSED if name in by_leaf), None)
-        width = None
+        q = next((by_leaf[name] for name in _Q if name in by_leaf), None)
+        width = queries = None
         if k is not None and v is not None and out(k) and out(v):
             width = out(k) + out(v)
+            queries = out(q) if q is not None else None
         elif fused is not None and out(fused):
             proj = next((by_leaf[name] for name in _OUT if name in by_leaf), None)
             queries = _features(proj, "inFeatures", None) if proj is not None else None
@@ -143,6 +172,8 @@ def kv_layout(graph: Graph) -> KvLayout:
             width = out(fused) - queries if queries and out(fused) > queries else None
         if width:
             widths.append(width)
+            if queries:
+                queries_widths.append(queries)
     widths += _typed_widths(graph)
     layout.layers, layout.kv_width = len(widths), sum(widths)
     rope = next((n for n in graph.layers if n.type == "rope" and n.output_shape), None)
@@ -150,6 +181,9 @@ def kv_layout(graph: Graph) -> KvLayout:
         head_dim = rope.output_shape[-1]
         if head_dim and widths[0] % (2 * head_dim) == 0:
             layout.head_dim, layout.kv_heads = head_dim, widths[0] // (2 * head_dim)
+            if len(queries_widths) == len(widths) and len(set(queries_widths)) == 1 and \
+                    queries_widths[0] % head_dim == 0:
+                layout.heads = queries_widths[0] // head_dim
     return layout
 
 
@@ -216,6 +250,12 @@ class Serve:
     @property
     def fits(self) -> bool:
         return self.gpu is not None
+
+    @property
+    def tensor_parallel(self) -> int:
+        """How many of the ``gpus`` split each layer (:meth:`KvLayout.tensor_parallel`); the
+        pipeline has ``gpus // tensor_parallel`` stages."""
+        return self.layout.tensor_parallel(self.gpus)
 
 
 def _peak(weights: float, kv_per_seq: float, step: float, gpus: int, batch: int) -> float:

@@ -177,6 +177,7 @@ def _serve(v: Serve) -> dict[str, Any]:
     return {
         "gpu": v.gpu.id if v.gpu else None, "memoryGb": v.gpu.memory_gb if v.gpu else None, "gpus": v.gpus,
         "precision": precision, "fits": v.fits, "batch": v.batch, "context": v.context,
+        "tensorParallel": v.tensor_parallel, "pipelineStages": v.gpus // v.tensor_parallel,
         "peakGb": v.peak_bytes / 1e9, "needGb": v.need_bytes / 1e9, "weightsGb": v.weights_bytes / 1e9,
         "kvCacheGb": v.kv_bytes / 1e9, "stepGb": v.step_bytes / 1e9,
         "usdPerHour": v.gpu.usd_per_hour * v.gpus if v.gpu and v.gpu.usd_per_hour is not None else None,
@@ -189,7 +190,7 @@ def serve_fields(s: Sizing) -> dict[str, Any]:
     layout = v.layout
     return {
         **_serve(v),
-        "layers": layout.layers, "kvHeads": layout.kv_heads, "headDim": layout.head_dim,
+        "layers": layout.layers, "heads": layout.heads, "kvHeads": layout.kv_heads, "headDim": layout.head_dim,
         "kvWidth": layout.kv_width, "kvBytesPerToken": layout.bytes_per_token(),
         "options": [_serve(x) for x in s.serves],
     }
