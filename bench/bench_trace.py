@@ -264,9 +264,9 @@ def bench_in_process(repeats: int, only: Optional[str] = None) -> List[dict]:
         row = {"model": label, "seconds": seconds, "ratio": ratio, "best_ratio": best, "against_peers": paired}
         rows.append(row)
         shown = "  ".join(f"{k} {v * 1e3:.1f} ms ({ratio[k]:.3f}x, best {best[k]:.3f}x)" for k, v in seconds.items())
-        versus = "  ".join(f"- {peer} {p['median_ms']:+.1f} ms [{p['interval_ms'][0]:+.1f}, {p['interval_ms'][1]:+.1f}]"
+        versus = "; ".join(f"{peer} {p['median_ms']:+.1f} ms [{p['interval_ms'][0]:+.1f}, {p['interval_ms'][1]:+.1f}],"
                            f" faster in {p['rounds_faster']}/{p['rounds']}" for peer, p in paired.items())
-        print(f"{label:34s} {shown}\n{'':34s} trace {versus}", flush=True)
+        print(f"{label:34s} {shown}\n{'':34s} trace minus {versus}", flush=True)
     return rows
 
 
