@@ -103,7 +103,8 @@ class KvLayout:
         largest divisor of ``gpus`` up to 8 (one NVLink node) that divides the query heads and
         divides the key/value heads or is divided by them (they are then replicated), as vLLM
         checks ("Total number of attention heads must be divisible by tensor parallel size").
-        Without head counts in the graph, ``min(gpus, 8)``. Weights and KV cache split over all
+        Without head counts in the graph, the largest divisor up to 8 (``min(gpus, 8)`` for the
+        counts of :data:`SERVE_GPU_COUNTS`). Weights and KV cache split over all
         ``gpus`` either way (pipeline stages hold whole layers)."""
         for degree in range(min(gpus, TENSOR_PARALLEL_MAX), 0, -1):
             if gpus % degree:
