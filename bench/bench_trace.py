@@ -1,7 +1,7 @@
 """Benchmark: what tracing costs next to the forward pass it watches, against its peers, from a cold
 start, and how it scales.
 
-Run: ``python bench/bench_trace.py [--repeats 7] [--json bench/results/trace.json] [--cpu-time]
+Run: ``python bench/bench_trace.py [--repeats 25] [--json bench/results/trace.json] [--cpu-time]
 [--only NAME] [--cli-repeats 5] [--skip-cli]``
 
 Needs ``torchinfo`` for its column (``pip install -e '.[bench]'``) and ``transformers`` for the
@@ -439,7 +439,7 @@ def machine() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--cli-repeats", type=int, default=5)
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--cpu-time", action="store_true",
