@@ -2,7 +2,7 @@
 start, and how it scales.
 
 Run: ``python bench/bench_trace.py [--repeats 25] [--json bench/results/trace.json] [--cpu-time]
-[--only NAME] [--cli-repeats 5] [--skip-cli]``
+[--only NAME] [--cli-repeats 5] [--skip-cli | --cli-only]``
 
 Needs ``torchinfo`` for its column (``pip install -e '.[bench]'``) and ``transformers`` for the
 BERT, GPT-2 and ConvNeXt rows and the LLaMA meta rows; whatever is missing is left out.
@@ -447,6 +447,7 @@ def main() -> None:
     parser.add_argument("--only", default=None, metavar="NAME",
                         help="only the in-process models whose label contains NAME; skip the rest")
     parser.add_argument("--skip-cli", action="store_true", help="leave out the command-line cold starts")
+    parser.add_argument("--cli-only", action="store_true", help="only the command-line cold starts")
     args = parser.parse_args()
     global CLOCK
     if args.cpu_time:
@@ -459,9 +460,12 @@ def main() -> None:
         "machine": machine(),
         "clock": "process CPU time, 1 torch thread" if args.cpu_time else "wall clock",
         "load_at_start": list(load),
-        "in_process": bench_in_process(args.repeats, args.only),
     }
-    if args.only is None:
+    if args.cli_only:
+        results["cli"] = bench_cli(args.cli_repeats)
+    else:
+        results["in_process"] = bench_in_process(args.repeats, args.only)
+    if args.only is None and not args.cli_only:
         if not args.skip_cli:
             results["cli"] = bench_cli(args.cli_repeats)
         results["meta"] = bench_meta()
