@@ -251,6 +251,14 @@ def test_output_name_depth_and_no_save(shell: InteractiveShell, tmp_path: Path) 
     r = magic(shell, "model --input 1,3,8,8 -o ''")
     assert r.path is None
     assert not list(tmp_path.glob("*.neurarch.json"))
+    # quoted values are taken as a shell takes them (IPython's split keeps the quotes): a folder
+    # with a space, as Colab's "My Drive", and a name with one
+    (tmp_path / "My Drive").mkdir()
+    r = magic(shell, 'model --input 1,3,8,8 -o "My Drive/t.neurarch.json" --name \'My model\'')
+    assert r.path == "My Drive/t.neurarch.json" and (tmp_path / "My Drive/t.neurarch.json").exists()
+    assert r.graph["name"] == "My model"
+    shell.user_ns["zoo"] = {"m": shell.user_ns["model"]}
+    assert magic(shell, 'zoo["m"] --input "1,3,8,8" --no-save').graph["measured"]["batchSize"] == 1
     nested = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 2))
     shell.user_ns["nested"] = nested
     assert len(magic(shell, "nested --input 1,4 --no-save --depth 1").layer_rows()) == 2
@@ -320,6 +328,7 @@ def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveSh
     ("model --input 1,3,8,8 --fail-on-block", "--fail-on-block needs --plan or --share"),
     ("model --input 1,3,8,8 --base x.neurarch.json", "--base: graph file x.neurarch.json does not exist"),
     ("model --input 1,3,8,8 -o -", "has no meaning in a notebook"),
+    ("model --input 1,3,8,8 --name ''", "--name needs a name"),  # quotes taken off as a shell would
     ("model --input 1,3,8,8 -o a.json --no-save", "contradict"),
     ("model --input 1,3,8,8 -o nowhere/a.neurarch.json", "folder"),
     ("model --input 1,3,8,8 -o /proc/a.neurarch.json",

@@ -42,6 +42,26 @@ __all__ = ["MAGIC_ONLY", "MAGIC_PLAN_OPTIONS", "MAGIC_TRACE_OPTIONS", "NeurarchM
 
 _NO_SAVE = ("", "''", '""')
 
+
+def _unquote(value: Any) -> Any:
+    """``value`` less one pair of matching outer quotes (``"My Drive/g.json"`` -> ``My Drive/g.json``,
+    ``''`` -> empty), as a shell would take them; anything else as it is."""
+    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def _unquoted(args: Any) -> Any:
+    """``args`` with each option's value unquoted (:func:`_unquote`; a list option's items too).
+    IPython splits a magic's line keeping the quotes (``arg_split`` is not POSIX), so ``-o "My
+    Drive/g.json"`` would name a file with quotes in it. The target is left as written: it may be
+    Python whose quotes are its own (``zoo["resnet"]``)."""
+    for key, value in vars(args).items():
+        if key == "target":
+            continue
+        setattr(args, key, [_unquote(v) for v in value] if isinstance(value, list) else _unquote(value))
+    return args
+
 # What the magic's help says differently from the command line's, by flags (same flags, defaults,
 # choices and checks).
 _NOTEBOOK_WORDS = {
@@ -131,7 +151,7 @@ class NeurarchMagics(Magics):
         summary, per-layer table and a button to get the plan; with --plan/--share, the card and the
         share link.
         """
-        args = parse_argstring(self.neurarch, line)
+        args = _unquoted(parse_argstring(self.neurarch, line))
         verbose = bool(args.verbose)
         try:
             return self._run(args, local_ns)
