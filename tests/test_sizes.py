@@ -120,22 +120,37 @@ def test_kv_layout_from_the_linears(llama7b: dict[str, Any], llama70b: dict[str,
     assert layout.heads is None
 
 
-@pytest.mark.parametrize("heads, kv_heads, gpus, degree", [
-    (32, 32, 8, 8),    # LLaMA-7B: one node, all tensor parallel
-    (64, 8, 24, 8),    # LLaMA-3-70B on 3 nodes: 8 x 3 stages
-    (28, 4, 8, 4),     # Qwen2-7B: 28 heads do not split 8 ways (vLLM refuses), 4 x 2 stages
-    (28, 4, 2, 2),
-    (12, 2, 8, 4),     # Qwen2-1.5B: 12 heads split 4 ways; 2 key/value heads replicated
-    (71, 1, 8, 1),     # Falcon-7B: 71 query heads, a prime: pipeline stages only
-    (40, 8, 16, 8),    # Qwen2.5-14B
-    (32, 2, 8, 8),     # 2 key/value heads replicated 4 times
-    (None, None, 8, 8),  # no head counts in the graph
-    (None, None, 24, 8),
-    (None, None, 4, 4),
+def test_a_count_the_heads_may_not_divide_says_so_on_the_card() -> None:
+    """GPT-2 has no rotary embedding, so the graph gives no head count: on a fixed 8 GPUs the card
+    says that tensor parallelism of 8 needs 8 to divide the heads."""
+    answer = make_plan(json.loads((DATA / "traced_gpt2.neurarch.json").read_text()), gpu="H100x8")
+    assert answer["plan"]["serve"]["heads"] is None and answer["plan"]["serve"]["tensorParallel"] == 8
+    assert row("", "tensor parallel 8, if 8 divides the heads") in answer["text"].splitlines()
+
+
+@pytest.mark.parametrize("heads, kv_heads, layers, gpus, split", [
+    (32, 32, 32, 8, (8, 1)),     # LLaMA-7B: one node, all tensor parallel
+    (64, 8, 80, 24, (8, 3)),     # LLaMA-3-70B on 3 nodes: 8 x 3 stages
+    (28, 4, 28, 8, (4, 2)),      # Qwen2-7B: 28 heads do not split 8 ways (vLLM refuses), 4 x 2
+    (28, 4, 28, 2, (2, 1)),
+    (28, 4, 28, 7, (1, 7)),      # 7 divides 28 query heads but not 4 key/value heads, nor they it
+    (12, 2, 28, 8, (4, 2)),      # Qwen2-1.5B: 12 heads split 4 ways; 2 key/value heads replicated
+    (71, 1, 32, 8, (1, 8)),      # Falcon-7B: 71 query heads, a prime: pipeline stages only
+    (71, 1, 32, 64, None),       # ... and 64 stages are more than its 32 layers
+    (71, 1, 4, 5, None),
+    (40, 8, 48, 16, (8, 2)),     # Qwen2.5-14B
+    (32, 2, 32, 8, (8, 1)),      # 2 key/value heads replicated 4 times
+    (24, 3, 32, 24, (1, 24)),    # 3 key/value heads: no degree over 1 that stays inside a node
+    (24, 6, 32, 24, (2, 12)),    # 6 divides 24 but groups of 6 would cross 8-GPU nodes
+    (None, None, 0, 8, (8, 1)),  # no head counts nor cached layers in the graph
+    (None, None, 0, 24, (8, 3)),
+    (None, None, 2, 24, None),
+    (None, None, 0, 4, (4, 1)),
 ])
-def test_tensor_parallel_degree_follows_the_head_counts(heads: Any, kv_heads: Any, gpus: int, degree: int) -> None:
+def test_serving_split_follows_the_head_and_layer_counts(heads: Any, kv_heads: Any, layers: int, gpus: int,
+                                                         split: Any) -> None:
     from neurarch_trace.planner.serve import KvLayout
-    assert KvLayout(heads=heads, kv_heads=kv_heads).tensor_parallel(gpus) == degree
+    assert KvLayout(layers=layers, heads=heads, kv_heads=kv_heads).split(gpus) == split
 
 
 def test_kv_formula_reproduces_the_paged_attention_paper() -> None:

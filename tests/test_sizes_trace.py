@@ -94,8 +94,19 @@ def test_serving_splits_qwen2_heads_four_ways_on_eight_gpus() -> None:
     serve = answer["plan"]["serve"]
     assert (serve["heads"], serve["kvHeads"], serve["headDim"], serve["layers"]) == (28, 4, 128, 2)
     assert (serve["gpus"], serve["tensorParallel"], serve["pipelineStages"]) == (8, 4, 2)
-    assert "tensor parallel 4 x pipeline 2 (28 heads)" in [line.strip("| ") for line in answer["text"].splitlines()]
+    rows = [line.strip("| ") for line in answer["text"].splitlines()]
+    assert "tensor parallel 4 x pipeline 2 (28 heads, 4 KV)" in rows
     # one GPU holds it when free to choose: no pipeline, no extra row
     alone = make_plan(graph)
     assert (alone["plan"]["serve"]["gpus"], alone["plan"]["serve"]["pipelineStages"]) == (1, 1)
     assert "pipeline" not in alone["text"]
+    # no rotary position table: serving defaults to the length training is sized for
+    assert alone["plan"]["serve"]["context"] == 64
+    assert make_plan(graph, seq_len=4096)["plan"]["serve"]["context"] == 4096
+    # 16 GPUs: tensor parallel 4 leaves 4 pipeline stages for 2 layers, more than the model has
+    crowded = make_plan(graph, gpu="H100x16")
+    assert (crowded["plan"]["serve"]["tensorParallel"], crowded["plan"]["serve"]["pipelineStages"]) == (None, None)
+    assert any(n.startswith("serving: 16 GPUs are more than this model can split over") and
+               "28 query and 4 key/value heads" in n for n in crowded["plan"]["notes"])
+    crowded_rows = [line.strip("| ") for line in crowded["text"].splitlines()]
+    assert "more GPUs than its heads and layers split over" in crowded_rows

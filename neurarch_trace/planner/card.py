@@ -295,9 +295,14 @@ def _serve_rows(model: Mapping[str, Any], serve: Optional[Mapping[str, Any]]) ->
     parts = f"weights {weights}, {kv}" if serve["layers"] else f"weights {weights}, no KV cache (no decoder)"
     rows = [f"{_setup(serve)} {serve['precision']}, {context} x batch {serve['batch']}",
             f"{units.gb(serve['peakGb'] * 1e9)} {'per GPU' if n > 1 else 'peak'}: {parts}"]
-    if serve["pipelineStages"] > 1:
-        heads = f" ({serve['heads']} heads)" if serve["heads"] else ""
-        rows.append(f"tensor parallel {serve['tensorParallel']} x pipeline {serve['pipelineStages']}{heads}")
+    tp, stages = serve["tensorParallel"], serve["pipelineStages"]
+    if stages is not None and stages > 1:
+        heads = f" ({serve['heads']} heads, {serve['kvHeads']} KV)" if serve["heads"] else ""
+        rows.append(f"tensor parallel {tp} x pipeline {stages}{heads}")
+    elif tp is not None and tp > 1 and not serve["heads"]:
+        rows.append(f"tensor parallel {tp}, if {tp} divides the heads")
+    elif tp is None:
+        rows.append("more GPUs than its heads and layers split over")
     others = [f"{o['precision']} on {_setup(o)}" for o in serve["options"]
               if o["precision"] != serve["precision"] and o["fits"]]
     if others:

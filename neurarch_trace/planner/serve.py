@@ -40,9 +40,11 @@ divisible by tensor parallel size"; past 8, nodes of 8 in pipeline) that hold ba
 context with x 1.15 headroom, on the cheapest card per hour among those, then the larger card;
 then the largest power-of-two batch that setup holds. Prefill (the prompt's forward) is not
 sized: chunked prefill bounds it. How the N split: tensor parallelism of the largest degree up to
-8 that the head counts allow, pipeline stages for the rest (:meth:`KvLayout.tensor_parallel`;
-Qwen2-7B's 28 query and 4 key/value heads on 8 GPUs: 4 x 2); the memory per GPU is the same
-either way.
+8 that the head counts allow, pipeline stages for the rest, at most one per layer
+(:meth:`KvLayout.split`; Qwen2-7B's 28 query and 4 key/value heads on 8 GPUs: 4 x 2); a count
+the model cannot use is skipped. The memory per GPU is the same either way, with the layers
+taken to split evenly (a pipeline of 3 over 28 layers holds 10 on one stage: about 7% more
+there).
 """
 
 from __future__ import annotations
@@ -98,23 +100,26 @@ class KvLayout:
         """KV cache bytes of one token of one sequence."""
         return self.kv_width * KV_BYTES
 
-    def tensor_parallel(self, gpus: int) -> int:
-        """The tensor-parallel degree on ``gpus`` GPUs, the rest of them in pipeline stages: the
-        largest divisor of ``gpus`` up to 8 (one NVLink node) that divides the query heads and
-        divides the key/value heads or is divided by them (they are then replicated), as vLLM
-        checks ("Total number of attention heads must be divisible by tensor parallel size").
-        Without head counts in the graph, the largest divisor up to 8 (``min(gpus, 8)`` for the
-        counts of :data:`SERVE_GPU_COUNTS`). Weights and KV cache split over all
-        ``gpus`` either way (pipeline stages hold whole layers)."""
+    def split(self, gpus: int) -> tuple[int, int] | None:
+        """``(tensor_parallel, pipeline_stages)`` on ``gpus`` GPUs, or ``None`` when the model cannot
+        use that many. The tensor-parallel degree is the largest divisor of ``gpus`` up to 8 (one
+        NVLink node; past one node, a divisor of 8, so no group crosses nodes) that divides the
+        query heads and divides the key/value heads or is divided by them (they are then
+        replicated), as vLLM checks ("Total number of attention heads must be divisible by tensor
+        parallel size"); the rest are pipeline stages, each needing at least one of the cached
+        ``layers`` when the graph has them. Without head counts in the graph any degree is taken to
+        divide them. Weights and KV cache split over all ``gpus`` either way (pipeline stages hold
+        whole layers)."""
         for degree in range(min(gpus, TENSOR_PARALLEL_MAX), 0, -1):
-            if gpus % degree:
+            if gpus % degree or (gpus > TENSOR_PARALLEL_MAX and TENSOR_PARALLEL_MAX % degree):
                 continue
             if self.heads and self.heads % degree:
                 continue
             if self.kv_heads and self.kv_heads % degree and degree % self.kv_heads:
                 continue
-            return degree
-        return 1
+            stages = gpus // degree
+            return (degree, stages) if not self.layers or stages <= self.layers else None
+        return None
 
 
 def _leaf(node: Node) -> str:
@@ -190,12 +195,13 @@ def kv_layout(graph: Graph) -> KvLayout:
 
 def default_context(a: Analysis) -> int | None:
     """The model's own maximum when the graph says it (a learned position table: an embedding
-    named ``wpe`` or ``*position*``, its ``vocabSize``), else the traced tokens; ``None`` for a
-    model that does not take tokens."""
+    named ``wpe`` or ``*position*``, its ``vocabSize``), else the tokens the plan sizes training
+    for (``--seq-len``, by default the traced tokens); ``None`` for a model that does not take
+    tokens."""
     if a.work.kind != "tokens":
         return None
     table = position_table(a.structure)
-    return table[1] if table is not None else a.work.traced_tokens
+    return table[1] if table is not None else (a.work.seq_len or a.work.traced_tokens)
 
 
 def weight_bytes(a: Analysis, precision: str) -> float:
@@ -253,10 +259,10 @@ class Serve:
         return self.gpu is not None
 
     @property
-    def tensor_parallel(self) -> int:
-        """How many of the ``gpus`` split each layer (:meth:`KvLayout.tensor_parallel`); the
-        pipeline has ``gpus // tensor_parallel`` stages."""
-        return self.layout.tensor_parallel(self.gpus)
+    def parallel(self) -> tuple[int, int] | None:
+        """``(tensor_parallel, pipeline_stages)`` of the ``gpus`` (:meth:`KvLayout.split`); ``None``
+        when the model has too few layers or heads to use them all."""
+        return self.layout.split(self.gpus)
 
 
 def _peak(weights: float, kv_per_seq: float, step: float, gpus: int, batch: int) -> float:
@@ -275,7 +281,7 @@ def serve(a: Analysis, cards: Sequence[Gpu], table: GpuTable, precision: str = "
     weights = weight_bytes(a, precision)
     step = step_bytes(a, cached, context)
     head = table.headroom
-    for n in ((gpus,) if gpus is not None else SERVE_GPU_COUNTS):
+    for n in ((gpus,) if gpus is not None else [n for n in SERVE_GPU_COUNTS if layout.split(n)]):
         for gpu in cards:
             def holds(b: int, n: int = n, gpu: Gpu = gpu) -> bool:
                 return _peak(weights, kv_per_seq, step, n, b) * head <= gpu.memory_bytes
