@@ -257,8 +257,12 @@ def test_output_name_depth_and_no_save(shell: InteractiveShell, tmp_path: Path) 
     r = magic(shell, 'model --input 1,3,8,8 -o "My Drive/t.neurarch.json" --name \'My model\'')
     assert r.path == "My Drive/t.neurarch.json" and (tmp_path / "My Drive/t.neurarch.json").exists()
     assert r.graph["name"] == "My model"
-    shell.user_ns["zoo"] = {"m": shell.user_ns["model"]}
+    r = magic(shell, 'model --input 1,3,8,8 --name="It\'s mine" -o My\\ Drive/u.neurarch.json')
+    assert r.graph["name"] == "It's mine" and (tmp_path / "My Drive/u.neurarch.json").exists()
+    # the target is Python as written, its quotes and spaces its own
+    shell.user_ns["zoo"] = {"m": shell.user_ns["model"], "my  model": shell.user_ns["model"]}
     assert magic(shell, 'zoo["m"] --input "1,3,8,8" --no-save').graph["measured"]["batchSize"] == 1
+    assert magic(shell, 'zoo["my  model"] --input 1,3,8,8 --no-save').graph["measured"]["batchSize"] == 1
     nested = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 2))
     shell.user_ns["nested"] = nested
     assert len(magic(shell, "nested --input 1,4 --no-save --depth 1").layer_rows()) == 2
@@ -329,6 +333,7 @@ def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveSh
     ("model --input 1,3,8,8 --base x.neurarch.json", "--base: graph file x.neurarch.json does not exist"),
     ("model --input 1,3,8,8 -o -", "has no meaning in a notebook"),
     ("model --input 1,3,8,8 --name ''", "--name needs a name"),  # quotes taken off as a shell would
+    ("model --input 1,3,8,8 --name 'mine", "cannot read the line: no closing quotation"),
     ("model --input 1,3,8,8 -o a.json --no-save", "contradict"),
     ("model --input 1,3,8,8 -o nowhere/a.neurarch.json", "folder"),
     ("model --input 1,3,8,8 -o /proc/a.neurarch.json",

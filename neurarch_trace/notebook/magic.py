@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shlex
 import sys
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, needs_local_scope
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from neurarch_trace.contract import check_output_path, default_graph_path, unwritable_folder
 from neurarch_trace.errors import NeurarchError
@@ -43,24 +45,45 @@ __all__ = ["MAGIC_ONLY", "MAGIC_PLAN_OPTIONS", "MAGIC_TRACE_OPTIONS", "NeurarchM
 _NO_SAVE = ("", "''", '""')
 
 
-def _unquote(value: Any) -> Any:
-    """``value`` less one pair of matching outer quotes (``"My Drive/g.json"`` -> ``My Drive/g.json``,
-    ``''`` -> empty), as a shell would take them; anything else as it is."""
-    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1]
-    return value
+def split_line(line: str) -> list[str]:
+    """The magic's line as argv: the target as written (Python keeps its own quotes and spaces,
+    ``zoo["my model"]``), then the options split as a POSIX shell splits them (``-o "My
+    Drive/g.json"``, ``--name="My model"``, ``--name My\\ model``; on Windows a backslash is a path
+    separator, not an escape). The options start at the first ``-`` that begins a word outside
+    brackets and quotes and is not a negative number (in a target whose bracket or quote is left
+    open, the first such ``-``). IPython's own split keeps the quotes
+    (``arg_split`` is not POSIX), which would put them in a file name.
 
-
-def _unquoted(args: Any) -> Any:
-    """``args`` with each option's value unquoted (:func:`_unquote`; a list option's items too).
-    IPython splits a magic's line keeping the quotes (``arg_split`` is not POSIX), so ``-o "My
-    Drive/g.json"`` would name a file with quotes in it. The target is left as written: it may be
-    Python whose quotes are its own (``zoo["resnet"]``)."""
-    for key, value in vars(args).items():
-        if key == "target":
-            continue
-        setattr(args, key, [_unquote(v) for v in value] if isinstance(value, list) else _unquote(value))
-    return args
+    Raises:
+        UsageError: a quote is not closed.
+    """
+    depth, quote, start = 0, "", len(line)
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(depth - 1, 0)
+        elif ch == "-" and depth == 0 and (i == 0 or line[i - 1].isspace()) and \
+                line[i + 1:i + 2] not in ("", " ", "\t") and not line[i + 1:i + 2].isdigit():
+            start = i
+            break
+    if start == len(line) and (depth or quote):  # a target with an open bracket or quote: not Python
+        found = re.search(r"(?:^|\s)(-[^\s\d])", line)
+        start = found.start(1) if found else start
+    lexer = shlex.shlex(line[start:], posix=True)
+    lexer.whitespace_split = True
+    if os.name == "nt":
+        lexer.escape = ""
+    try:
+        options = list(lexer)
+    except ValueError as exc:
+        raise UsageError(f"cannot read the line: {str(exc).lower()} (close the quote, or escape it)") from None
+    target = line[:start].strip()
+    return ([target] if target else []) + options
 
 # What the magic's help says differently from the command line's, by flags (same flags, defaults,
 # choices and checks).
@@ -151,7 +174,7 @@ class NeurarchMagics(Magics):
         summary, per-layer table and a button to get the plan; with --plan/--share, the card and the
         share link.
         """
-        args = _unquoted(parse_argstring(self.neurarch, line))
+        args = self.neurarch.parser.parse_args(split_line(line))
         verbose = bool(args.verbose)
         try:
             return self._run(args, local_ns)
