@@ -126,6 +126,8 @@ def test_a_count_the_heads_may_not_divide_says_so_on_the_card() -> None:
     answer = make_plan(json.loads((DATA / "traced_gpt2.neurarch.json").read_text()), gpu="H100x8")
     assert answer["plan"]["serve"]["heads"] is None and answer["plan"]["serve"]["tensorParallel"] == 8
     assert row("", "tensor parallel 8, if 8 divides the heads") in answer["text"].splitlines()
+    sixteen = make_plan(json.loads((DATA / "traced_gpt2.neurarch.json").read_text()), gpu="H100x16")["text"]
+    assert row("", "tensor parallel 8 x pipeline 2, if 8 divides the") in sixteen.splitlines()
 
 
 @pytest.mark.parametrize("heads, kv_heads, layers, gpus, split", [

@@ -103,10 +103,13 @@ def test_serving_splits_qwen2_heads_four_ways_on_eight_gpus() -> None:
     # no rotary position table: serving defaults to the length training is sized for
     assert alone["plan"]["serve"]["context"] == 64
     assert make_plan(graph, seq_len=4096)["plan"]["serve"]["context"] == 4096
-    # 16 GPUs: tensor parallel 4 leaves 4 pipeline stages for 2 layers, more than the model has
+    # 16 GPUs: tensor parallel 4 leaves 4 pipeline stages for 2 layers, more than the model has;
+    # it is sized on the 8 it can use
     crowded = make_plan(graph, gpu="H100x16")
-    assert (crowded["plan"]["serve"]["tensorParallel"], crowded["plan"]["serve"]["pipelineStages"]) == (None, None)
-    assert any(n.startswith("serving: 16 GPUs are more than this model can split over") and
+    s16 = crowded["plan"]["serve"]
+    assert (s16["gpus"], s16["gpusAsked"], s16["tensorParallel"], s16["pipelineStages"]) == (8, 16, 4, 2)
+    assert s16["peakGb"] == pytest.approx(serve["peakGb"], rel=1e-12)  # the same split as on 8
+    assert any(n.startswith("serving: sized on 8 of the 16 GPUs, the most this model splits over") and
                "28 query and 4 key/value heads" in n for n in crowded["plan"]["notes"])
     crowded_rows = [line.strip("| ") for line in crowded["text"].splitlines()]
-    assert "more GPUs than its heads and layers split over" in crowded_rows
+    assert "8 of the 16 GPUs: the most it splits over" in crowded_rows

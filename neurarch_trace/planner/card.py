@@ -295,14 +295,16 @@ def _serve_rows(model: Mapping[str, Any], serve: Optional[Mapping[str, Any]]) ->
     parts = f"weights {weights}, {kv}" if serve["layers"] else f"weights {weights}, no KV cache (no decoder)"
     rows = [f"{_setup(serve)} {serve['precision']}, {context} x batch {serve['batch']}",
             f"{units.gb(serve['peakGb'] * 1e9)} {'per GPU' if n > 1 else 'peak'}: {parts}"]
+    if serve["gpusAsked"]:
+        rows.append(f"{n} of the {serve['gpusAsked']} GPUs: the most it splits over")
     tp, stages = serve["tensorParallel"], serve["pipelineStages"]
-    if stages is not None and stages > 1:
-        heads = f" ({serve['heads']} heads, {serve['kvHeads']} KV)" if serve["heads"] else ""
-        rows.append(f"tensor parallel {tp} x pipeline {stages}{heads}")
-    elif tp is not None and tp > 1 and not serve["heads"]:
-        rows.append(f"tensor parallel {tp}, if {tp} divides the heads")
-    elif tp is None:
-        rows.append("more GPUs than its heads and layers split over")
+    if n > 1 and tp is not None:
+        split = f"tensor parallel {tp}" + (f" x pipeline {stages}" if stages > 1 else "")
+        if serve["heads"]:
+            split += f" ({serve['heads']} heads, {serve['kvHeads']} KV)"
+        elif tp > 1:
+            split += f", if {tp} divides the heads"
+        rows.append(split)
     others = [f"{o['precision']} on {_setup(o)}" for o in serve["options"]
               if o["precision"] != serve["precision"] and o["fits"]]
     if others:

@@ -253,6 +253,8 @@ class Serve:
     kv_bytes: float
     step_bytes: float
     layout: KvLayout = field(default_factory=KvLayout)
+    #: The GPUs asked for when more than the model can split over (``gpus`` is then the most it can).
+    asked: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -273,8 +275,12 @@ def serve(a: Analysis, cards: Sequence[Gpu], table: GpuTable, precision: str = "
           context: int | None = None, batch: int = 1, gpus: int | None = None) -> Serve:
     """The serving setup of ``a`` in ``precision`` at ``context`` tokens (default
     :func:`default_context`) holding at least ``batch`` sequences, over ``cards`` (cheapest per
-    hour first); ``gpus`` fixes the number of GPUs."""
+    hour first); ``gpus`` fixes the number of GPUs, or, when the model cannot split over that many
+    (:meth:`KvLayout.split`), the most below it that it can (``asked`` keeps the number asked)."""
     layout = kv_layout(a.structure) if a.work.kind == "tokens" else KvLayout()
+    asked = None
+    if gpus is not None and layout.split(gpus) is None:
+        asked, gpus = gpus, next(n for n in range(gpus, 0, -1) if layout.split(n))
     context = context if context is not None else default_context(a)
     cached = layout.layers > 0
     kv_per_seq = layout.bytes_per_token() * (context or 0) if cached else 0.0
@@ -291,11 +297,11 @@ def serve(a: Analysis, cards: Sequence[Gpu], table: GpuTable, precision: str = "
                     best *= 2
                 peak = _peak(weights, kv_per_seq, step, n, best)
                 return Serve(precision, context, gpu, n, best, peak, peak * head, weights, kv_per_seq * best,
-                             step * best, layout)
+                             step * best, layout, asked)
     n = gpus or 1
     peak = _peak(weights, kv_per_seq, step, n, batch)
     return Serve(precision, context, None, n, batch, peak, peak * head, weights, kv_per_seq * batch,
-                 step * batch, layout)
+                 step * batch, layout, asked)
 
 
 def serve_all(a: Analysis, cards: Sequence[Gpu], table: GpuTable, context: int | None = None,

@@ -136,11 +136,11 @@ def sizing(a: Analysis, options: Options, table: GpuTable | None = None) -> Sizi
     serves = serve_all(a, cards, table, options.context, fixed)
     notes = [step.note] if step.note else []
     layout = serves[0].layout
-    if fixed is not None and a.work.kind == "tokens" and layout.split(fixed) is None:
+    if serves[0].asked is not None:
         heads = f"{layout.heads} query and {layout.kv_heads} key/value heads" if layout.heads else "its heads"
-        notes.append(f"serving: {fixed} GPUs are more than this model can split over: tensor parallelism "
-                     f"of at most 8 that divides {heads}, times at most one pipeline stage per layer "
-                     f"({layout.layers}); the memory shown assumes an even split")
+        notes.append(f"serving: sized on {serves[0].gpus} of the {fixed} GPUs, the most this model splits over: "
+                     f"tensor parallelism of at most 8 that divides {heads}, times at most one pipeline "
+                     f"stage per layer ({layout.layers})")
     if a.work.kind == "tokens" and not layout.layers:
         notes.append("serving: no decoder key/value projections found (k_proj/v_proj, key/value, k/v, c_attn, "
                      "qkv_proj, or an attention layer), so no KV cache is counted")

@@ -178,7 +178,7 @@ def _serve(v: Serve) -> dict[str, Any]:
         "gpu": v.gpu.id if v.gpu else None, "memoryGb": v.gpu.memory_gb if v.gpu else None, "gpus": v.gpus,
         "precision": precision, "fits": v.fits, "batch": v.batch, "context": v.context,
         "tensorParallel": v.parallel[0] if v.parallel else None,
-        "pipelineStages": v.parallel[1] if v.parallel else None,
+        "pipelineStages": v.parallel[1] if v.parallel else None, "gpusAsked": v.asked,
         "peakGb": v.peak_bytes / 1e9, "needGb": v.need_bytes / 1e9, "weightsGb": v.weights_bytes / 1e9,
         "kvCacheGb": v.kv_bytes / 1e9, "stepGb": v.step_bytes / 1e9,
         "usdPerHour": v.gpu.usd_per_hour * v.gpus if v.gpu and v.gpu.usd_per_hour is not None else None,
