@@ -11,6 +11,7 @@ import sys
 from typing import Iterator, NoReturn
 
 from neurarch_trace.errors import NeurarchError
+from neurarch_trace.trace_options import explain_parse_error
 
 __all__ = ["PROG", "Parser", "say", "show_warning", "stdout_to_stderr", "write_stdout"]
 
@@ -22,10 +23,7 @@ class Parser(argparse.ArgumentParser):
     code 1."""
 
     def error(self, message: str) -> NoReturn:
-        if message == "argument -i/--input: expected one argument":
-            # argparse reads a value starting with '-' (--input -1,3) as an option
-            message += (" (sizes are positive, batch first: --input 1,3; a value that starts with '-' reads as an "
-                        "option)")
+        message = explain_parse_error(message)
         self.exit(1, f"{PROG}: {message} (see {self.prog} --help)\n")
 
 

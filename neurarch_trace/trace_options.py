@@ -39,6 +39,7 @@ __all__ = [
     "TRACE_OPTIONS",
     "VERBOSE",
     "WEIGHTS",
+    "explain_parse_error",
     "TraceChoices",
 ]
 
@@ -209,3 +210,12 @@ class TraceChoices:
         """The dtype of shape inputs without a suffix: ``--dtype``, else ``long`` for ``hf:``, else
         ``float32`` (a name for :func:`neurarch_trace.inputs.parse_dtype`)."""
         return self.dtype or ("long" if self.is_hf else "float32")
+
+
+def explain_parse_error(message: str) -> str:
+    """argparse's ``message`` with the reason added where argparse's own is misleading: a value
+    starting with ``-`` (``--input -1,3``) reads as an option, hence "expected one argument"."""
+    if message == "argument -i/--input: expected one argument":
+        return message + (" (sizes are positive, batch first: --input 1,3; a value that starts with '-' reads as an "
+                          "option)")
+    return message

@@ -334,6 +334,8 @@ def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveSh
     ("model --input 1,3,8,8 -o -", "has no meaning in a notebook"),
     ("model --input 1,3,8,8 --name ''", "--name needs a name"),  # quotes taken off as a shell would
     ("model --input 1,3,8,8 --name 'mine", "cannot read the line: no closing quotation"),
+    ("model --input -1,3,8,8", "a value that starts with '-' reads as an option"),  # as the CLI says
+    ("model --input=-1,3,8,8", "dimension '-1' is not a positive integer"),
     ("model --input 1,3,8,8 -o a.json --no-save", "contradict"),
     ("model --input 1,3,8,8 -o nowhere/a.neurarch.json", "folder"),
     ("model --input 1,3,8,8 -o /proc/a.neurarch.json",

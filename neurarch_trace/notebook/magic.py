@@ -37,7 +37,15 @@ from neurarch_trace.errors import NeurarchError
 from neurarch_trace.notebook.namespace import _model_device, evaluate, is_shape_spec, model_kind, resolve_inputs
 from neurarch_trace.plan_options import FAIL_ON_BLOCK, PLAN_OPTIONS, Option, PlanChoices, add_options, block_verdict
 from neurarch_trace.text import error_line
-from neurarch_trace.trace_options import DEVICE, INPUT, OUTPUT, TARGET_FORMS, TRACE_OPTIONS, TraceChoices
+from neurarch_trace.trace_options import (
+    DEVICE,
+    INPUT,
+    OUTPUT,
+    TARGET_FORMS,
+    TRACE_OPTIONS,
+    TraceChoices,
+    explain_parse_error,
+)
 
 __all__ = ["MAGIC_ONLY", "MAGIC_PLAN_OPTIONS", "MAGIC_TRACE_OPTIONS", "NeurarchMagics", "load_ipython_extension",
            "resolve_inputs", "unload_ipython_extension"]
@@ -174,7 +182,10 @@ class NeurarchMagics(Magics):
         summary, per-layer table and a button to get the plan; with --plan/--share, the card and the
         share link.
         """
-        args = self.neurarch.parser.parse_args(split_line(line))
+        try:
+            args = self.neurarch.parser.parse_args(split_line(line))
+        except UsageError as exc:
+            raise UsageError(explain_parse_error(str(exc))) from None
         verbose = bool(args.verbose)
         try:
             return self._run(args, local_ns)

@@ -199,6 +199,10 @@ def _put_value(out: _Arguments, value: Any, kw: Optional[str], text: str) -> Non
                 raise InputError(f"--input {text!r}: key {key!r} is not a keyword argument name")
             out.put(key, item, _tensor_spec_text(key, item) if isinstance(item, torch.Tensor) else f"{key}=...", text)
     elif isinstance(value, (tuple, list)):
+        if value and all(type(v) is int for v in value):  # a shape that is no shape spec (-1,4): say why
+            from neurarch_trace.inputs import parse_input
+
+            parse_input(text)
         if not any(isinstance(v, torch.Tensor) for v in value):
             raise InputError(f"--input {text!r} is a {type(value).__name__} with no tensor in it")
         for item in value:
