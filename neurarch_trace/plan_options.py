@@ -74,9 +74,10 @@ def _positive_int(text: str) -> int:
 
 
 def _finetune(text: str) -> str:
-    if text not in FINETUNE_MODES:
+    """A fine-tuning mode, in any case (``LoRA``, ``QLoRA``), as ``--gpu`` takes card names."""
+    if text.lower() not in FINETUNE_MODES:
         raise argparse.ArgumentTypeError(f"{text!r} is not a fine-tuning mode: use full, lora or qlora")
-    return text
+    return text.lower()
 
 
 def _price(text: str) -> float:
@@ -122,6 +123,7 @@ SEQ_LEN = Option(("--seq-len",), {
     "help": "tokens per sample to size a token model for (default: the traced length)",
 })
 ATTENTION = Option(("--attention",), {
+    "type": str.lower,  # SDPA, Eager: in any case, as --gpu takes card names
     "choices": ATTENTION_KINDS,
     "default": None,
     "help": "the attention kernel training will use (default sdpa); only eager keeps the attention "

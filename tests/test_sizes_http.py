@@ -105,6 +105,10 @@ def test_plan_command_flags_reach_the_service(canned: CannedServer, tmp_path: Pa
     assert done.returncode == 0, done.stderr
     body = canned.requests[-1]["body"]
     assert (body["finetune"], body["context"], body["gpu"], body["usd_per_hour"]) == ("qlora", 4096, "RTX-4090", 0.35)
+    # modes in any case, as the paper spells them, as card names are taken in any case
+    done = cli(["plan", path.name, "--finetune", "QLoRA", "--attention", "Eager"], tmp_path, canned.url)
+    assert done.returncode == 0, done.stderr
+    assert (canned.requests[-1]["body"]["finetune"], canned.requests[-1]["body"]["attention"]) == ("qlora", "eager")
 
 
 @pytest.mark.parametrize("args, line", [
