@@ -120,6 +120,19 @@ def test_kv_layout_from_the_linears(llama7b: dict[str, Any], llama70b: dict[str,
     assert layout.heads is None
 
 
+@pytest.mark.parametrize("layers, gpus, part", [
+    (28, 3, 10 / 28),          # 3 stages of 28 layers: 10, 9, 9; the fullest holds 10
+    (80, 24, 27 / 80 / 8),     # LLaMA-3-70B, tensor parallel 8 x 3 stages: 27, 27, 26 layers
+    (32, 8, 1 / 8),            # all tensor parallel: even
+    (28, 8, 14 / 28 / 4),      # Qwen2-7B, 4 x 2 stages of 14: even
+    (0, 8, 1 / 8),             # no layers in the graph: even
+])
+def test_the_fullest_pipeline_stage_sets_the_memory(layers: int, gpus: int, part: float) -> None:
+    from neurarch_trace.planner.serve import KvLayout, share
+    heads = {28: (28, 4), 80: (64, 8), 32: (32, 32), 0: (None, None)}[layers]
+    assert share(KvLayout(layers=layers, heads=heads[0], kv_heads=heads[1]), gpus) == pytest.approx(part, rel=1e-12)
+
+
 def test_a_count_the_heads_may_not_divide_says_so_on_the_card() -> None:
     """GPT-2 has no rotary embedding, so the graph gives no head count: on a fixed 8 GPUs the card
     says that tensor parallelism of 8 needs 8 to divide the heads."""

@@ -5,6 +5,8 @@ the KV cache, across the N: Shoeybi et al. 2019, "Megatron-LM", section 3)::
 
     peak = (weights + KV cache) / N + decode activations + framework allowance
 
+(with pipeline stages, the fullest stage's part instead of 1/N: :func:`share`)
+
 * weights: bf16, 2 bytes per parameter; int8, 1 byte per weight of every linear layer except the
   output layer plus one fp32 scale per output row (LLM.int8's vector-wise quantisation, Dettmers
   et al. 2022, section 3.2; bitsandbytes ``Linear8bitLt``); int4, NF4 at 4.127 bits
@@ -42,9 +44,9 @@ then the largest power-of-two batch that setup holds. Prefill (the prompt's forw
 sized: chunked prefill bounds it. How the N split: tensor parallelism of the largest degree up to
 8 that the head counts allow, pipeline stages for the rest, at most one per layer
 (:meth:`KvLayout.split`; Qwen2-7B's 28 query and 4 key/value heads on 8 GPUs: 4 x 2); a count
-the model cannot use is skipped. The memory per GPU is the same either way, with the layers
-taken to split evenly (a pipeline of 3 over 28 layers holds 10 on one stage: about 7% more
-there).
+the model cannot use is skipped. The memory per GPU is the fullest GPU's: a pipeline stage holds
+whole layers (3 stages over 28 layers hold 10 on one, :func:`share`); the embedding and output
+layer, on the end stages, are spread with the rest.
 """
 
 from __future__ import annotations
@@ -267,8 +269,20 @@ class Serve:
         return self.layout.split(self.gpus)
 
 
-def _peak(weights: float, kv_per_seq: float, step: float, gpus: int, batch: int) -> float:
-    return (weights + kv_per_seq * batch) / gpus + step * batch + FRAMEWORK_ALLOWANCE_BYTES
+def share(layout: KvLayout, gpus: int) -> float:
+    """The part of the weights and KV cache on the fullest of ``gpus`` GPUs: ``1 / gpus`` split
+    evenly, but a pipeline stage holds whole layers, so over ``p`` stages of ``L`` cached layers the
+    fullest holds ``ceil(L / p)`` of them, split ``t`` ways: ``ceil(L / p) / (L t)`` (28 layers on 3
+    stages: 10/28 = 0.357, not 1/3). Layers the graph does not give: even."""
+    split = layout.split(gpus)
+    if split is None or not layout.layers or split[1] == 1:
+        return 1 / gpus
+    tensor, stages = split
+    return -(-layout.layers // stages) / (layout.layers * tensor)
+
+
+def _peak(weights: float, kv_per_seq: float, step: float, part: float, batch: int) -> float:
+    return (weights + kv_per_seq * batch) * part + step * batch + FRAMEWORK_ALLOWANCE_BYTES
 
 
 def serve(a: Analysis, cards: Sequence[Gpu], table: GpuTable, precision: str = "bf16",
@@ -290,16 +304,16 @@ def serve(a: Analysis, cards: Sequence[Gpu], table: GpuTable, precision: str = "
     for n in ((gpus,) if gpus is not None else [n for n in SERVE_GPU_COUNTS if layout.split(n)]):
         for gpu in cards:
             def holds(b: int, n: int = n, gpu: Gpu = gpu) -> bool:
-                return _peak(weights, kv_per_seq, step, n, b) * head <= gpu.memory_bytes
+                return _peak(weights, kv_per_seq, step, share(layout, n), b) * head <= gpu.memory_bytes
             if holds(batch):
                 best = batch
                 while best * 2 <= MAX_BATCH and holds(best * 2):
                     best *= 2
-                peak = _peak(weights, kv_per_seq, step, n, best)
+                peak = _peak(weights, kv_per_seq, step, share(layout, n), best)
                 return Serve(precision, context, gpu, n, best, peak, peak * head, weights, kv_per_seq * best,
                              step * best, layout, asked)
     n = gpus or 1
-    peak = _peak(weights, kv_per_seq, step, n, batch)
+    peak = _peak(weights, kv_per_seq, step, share(layout, n), batch)
     return Serve(precision, context, None, n, batch, peak, peak * head, weights, kv_per_seq * batch,
                  step * batch, layout, asked)
 
