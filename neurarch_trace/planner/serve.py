@@ -275,7 +275,7 @@ def share(layout: KvLayout, gpus: int) -> float:
     fullest holds ``ceil(L / p)`` of them, split ``t`` ways: ``ceil(L / p) / (L t)`` (28 layers on 3
     stages: 10/28 = 0.357, not 1/3). Layers the graph does not give: even."""
     split = layout.split(gpus)
-    if split is None or not layout.layers or split[1] == 1:
+    if split is None or not layout.layers:
         return 1 / gpus
     tensor, stages = split
     return -(-layout.layers // stages) / (layout.layers * tensor)
@@ -302,14 +302,15 @@ def serve(a: Analysis, cards: Sequence[Gpu], table: GpuTable, precision: str = "
     step = step_bytes(a, cached, context)
     head = table.headroom
     for n in ((gpus,) if gpus is not None else [n for n in SERVE_GPU_COUNTS if layout.split(n)]):
+        part = share(layout, n)
         for gpu in cards:
-            def holds(b: int, n: int = n, gpu: Gpu = gpu) -> bool:
-                return _peak(weights, kv_per_seq, step, share(layout, n), b) * head <= gpu.memory_bytes
+            def holds(b: int, part: float = part, gpu: Gpu = gpu) -> bool:
+                return _peak(weights, kv_per_seq, step, part, b) * head <= gpu.memory_bytes
             if holds(batch):
                 best = batch
                 while best * 2 <= MAX_BATCH and holds(best * 2):
                     best *= 2
-                peak = _peak(weights, kv_per_seq, step, share(layout, n), best)
+                peak = _peak(weights, kv_per_seq, step, part, best)
                 return Serve(precision, context, gpu, n, best, peak, peak * head, weights, kv_per_seq * best,
                              step * best, layout, asked)
     n = gpus or 1
