@@ -133,6 +133,18 @@ def test_the_fullest_pipeline_stage_sets_the_memory(layers: int, gpus: int, part
     assert share(KvLayout(layers=layers, heads=heads[0], kv_heads=heads[1]), gpus) == pytest.approx(part, rel=1e-12)
 
 
+def test_the_card_shows_the_fullest_stage(llama7b: dict[str, Any]) -> None:
+    """LLaMA-7B on 3 GPUs: 32 heads do not split 3 ways, so 3 pipeline stages of 11, 11 and 10
+    layers; the card's per-GPU weights and KV cache are the fullest stage's 11/32, as its peak."""
+    answer = make_plan(llama7b, gpu="H100x3")
+    s = answer["plan"]["serve"]
+    assert (s["tensorParallel"], s["pipelineStages"], s["gpuShare"]) == (1, 3, 11 / 32)
+    weights, kv = s["weightsGb"] * 11 / 32, s["kvCacheGb"] * 11 / 32
+    assert s["peakGb"] == pytest.approx(weights + kv + s["stepGb"] + 1.0, rel=1e-12)
+    assert row("", f"{s['peakGb']:.1f} GB per GPU: weights {weights:.1f} GB, KV {kv:.1f} GB") in \
+        answer["text"].splitlines()
+
+
 def test_a_count_the_heads_may_not_divide_says_so_on_the_card() -> None:
     """GPT-2 has no rotary embedding, so the graph gives no head count: on a fixed 8 GPUs the card
     says that tensor parallelism of 8 needs 8 to divide the heads."""

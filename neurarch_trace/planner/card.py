@@ -290,8 +290,9 @@ def _serve_rows(model: Mapping[str, Any], serve: Optional[Mapping[str, Any]]) ->
         return _row("Serving", f"nothing holds {context} x batch 1 in {serve['precision']} on up to 64 GPUs",
                     f"weights {units.gb(serve['weightsGb'] * 1e9)}, KV cache {units.gb(serve['kvCacheGb'] * 1e9)}")
     n = serve["gpus"]
-    weights = units.gb(serve["weightsGb"] * 1e9 / n)
-    kv = f"{'KV' if n > 1 else 'KV cache'} {units.gb(serve['kvCacheGb'] * 1e9 / n)}"
+    part = serve["gpuShare"]  # on the fullest GPU: 1/n, or a pipeline stage's whole layers
+    weights = units.gb(serve["weightsGb"] * 1e9 * part)
+    kv = f"{'KV' if n > 1 else 'KV cache'} {units.gb(serve['kvCacheGb'] * 1e9 * part)}"
     parts = f"weights {weights}, {kv}" if serve["layers"] else f"weights {weights}, no KV cache (no decoder)"
     rows = [f"{_setup(serve)} {serve['precision']}, {context} x batch {serve['batch']}",
             f"{units.gb(serve['peakGb'] * 1e9)} {'per GPU' if n > 1 else 'peak'}: {parts}"]

@@ -268,6 +268,11 @@ class Serve:
         when the model has too few layers or heads to use them all."""
         return self.layout.split(self.gpus)
 
+    @property
+    def part(self) -> float:
+        """The part of the weights and KV cache on the fullest GPU (:func:`share`)."""
+        return share(self.layout, self.gpus)
+
 
 def share(layout: KvLayout, gpus: int) -> float:
     """The part of the weights and KV cache on the fullest of ``gpus`` GPUs: ``1 / gpus`` split

@@ -179,6 +179,7 @@ def _serve(v: Serve) -> dict[str, Any]:
         "precision": precision, "fits": v.fits, "batch": v.batch, "context": v.context,
         "tensorParallel": v.parallel[0] if v.parallel else None,
         "pipelineStages": v.parallel[1] if v.parallel else None, "gpusAsked": v.asked,
+        "gpuShare": v.part,
         "peakGb": v.peak_bytes / 1e9, "needGb": v.need_bytes / 1e9, "weightsGb": v.weights_bytes / 1e9,
         "kvCacheGb": v.kv_bytes / 1e9, "stepGb": v.step_bytes / 1e9,
         "usdPerHour": v.gpu.usd_per_hour * v.gpus if v.gpu and v.gpu.usd_per_hour is not None else None,
