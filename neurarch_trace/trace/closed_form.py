@@ -131,7 +131,7 @@ _INERT = frozenset({
 _BY_CLASS: Dict[type, Optional[Formula]] = {}
 
 
-def _find_formula(cls: type) -> Optional[Formula]:
+def _torch_formula(cls: type) -> Optional[Formula]:
     for base in cls.__mro__:
         formula = _TORCH.get(base)
         if formula is not None:
@@ -142,6 +142,15 @@ def _find_formula(cls: type) -> Optional[Formula]:
             return formula
         if base is nn.Module:
             break
+    return None
+
+
+def _find_formula(cls: type) -> Optional[Formula]:
+    formula = _torch_formula(cls)
+    if formula is not None:
+        return formula
+    # a transformers class of the table, a torch layer's subclass with a forward of its own
+    # included (ConvNextLayerNorm: nn.LayerNorm with permutes around it for channels-first input)
     module = cls.__module__
     if module.startswith("transformers."):
         formula = _TRANSFORMERS.get(cls.__name__)
@@ -188,15 +197,21 @@ def module_formula(module: nn.Module) -> Optional[Formula]:
 
 
 def closed_form(module: nn.Module, args: tuple, kwargs: dict,
-                formula: Union[Formula, None, bool] = False) -> Optional[Formula]:
+                formula: Union[Formula, None, bool] = False, traced: Optional[Callable] = None) -> Optional[Formula]:
     """The closed form for this call of ``module`` with ``args``/``kwargs``, or None when the call
     must be counted op by op (see the module docstring for the conditions); ``formula``, when
-    given, is :func:`module_formula` of ``module`` (read once per module by the recorder)."""
+    given, is :func:`module_formula` of ``module`` (read once per module by the recorder).
+
+    The recorder runs around the module's forward either as one pre-hook and one forward hook
+    (``traced`` None: then any other hook, or a ``forward`` instance attribute, is the user's) or
+    as the ``forward`` instance attribute ``traced`` (then any hook at all is the user's)."""
     if formula is False:
         formula = module_formula(module)
     if formula is None:
         return None
-    if len(module._forward_pre_hooks) != 1 or len(module._forward_hooks) != 1 or "forward" in module.__dict__:
+    hooks = 1 if traced is None else 0
+    if len(module._forward_pre_hooks) != hooks or len(module._forward_hooks) != hooks or \
+            module.__dict__.get("forward") is not traced:
         return None
     if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):  # most calls: one tensor
         first = args[0]
