@@ -249,6 +249,36 @@ def test_known_layers_run_without_the_dispatch_mode(monkeypatch):
     assert seen == ["aten._scaled_dot_product_flash_attention_for_cpu"] * 4
 
 
+def test_a_transformers_subclass_of_a_torch_layer_with_its_own_forward(monkeypatch):
+    """ConvNeXt's layer norm is nn.LayerNorm with permutes around it for channels-first input: a
+    forward of its own, so not nn.LayerNorm's formula, but transformers' table's (0 FLOPs), and its
+    ops run without the dispatch mode; the graph is the reference path's."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.convnext.modeling_convnext import ConvNextLayerNorm
+
+    from neurarch_trace.flops import FlopMode
+
+    assert formula_for(ConvNextLayerNorm) is not None
+    for data_format, shape in (("channels_first", (2, 8, 5, 5)), ("channels_last", (2, 5, 5, 8))):
+        node = check_layer(ConvNextLayerNorm(8, data_format=data_format), torch.randn(*shape))
+        assert node["measured"]["flops"] == 0 and node["measured"]["params"] == 16
+    seen: list[str] = []
+    original = FlopMode.__torch_dispatch__
+
+    def spy(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
+        seen.append(str(func._overloadpacket))
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(FlopMode, "__torch_dispatch__", spy)
+    config = transformers.ConvNextConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1])
+    torch.manual_seed(0)
+    model = transformers.ConvNextModel(config).eval()
+    trace_model(model, torch.randn(1, 3, 64, 64), training_step=False)
+    assert seen == []  # was 7 aten.native_layer_norm and 2 aten.permute, inside the layer norms
+    monkeypatch.undo()
+    assert_same(model, torch.randn(1, 3, 64, 64))
+
+
 # --- when the closed form stands aside --------------------------------------------------------
 
 
@@ -395,6 +425,98 @@ def test_fixture_and_example_graphs_are_the_reference_graphs(name):
     if name in ("Deep", "TinyViT", "ResNet18"):
         assert_same(make_model(), make_inputs(), depth=1)
         assert_same(make_model(), make_inputs(), depth=2)
+
+
+# --- the recorder around a forward: a wrapper, or the hooks -----------------------------------
+
+
+def _user_hooks_everywhere(model: nn.Module) -> list:
+    """A no-op forward pre-hook on every module: the recorder then runs as hooks around each call
+    (after the user's), never as a ``forward`` wrapper, and no closed form applies."""
+    return [m.register_forward_pre_hook(lambda m, a: None) for m in model.modules()
+            if not isinstance(m, torch.jit.ScriptModule)]
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_the_forward_wrappers_give_the_graph_the_hooks_give(name):
+    make_model, make_inputs = FIXTURES[name]
+    torch.manual_seed(0)
+    model, inputs = make_model(), make_inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wrapped = trace_model(model, inputs, training_step=False)
+        handles = _user_hooks_everywhere(model)
+        hooked = trace_model(model, inputs, training_step=False)
+    for h in handles:
+        h.remove()
+    assert wrapped == hooked
+    assert not any("forward" in vars(m) or m._forward_hooks or m._forward_pre_hooks for m in model.modules()
+                   if not isinstance(m, torch.jit.ScriptModule))
+
+
+def test_forward_wrappers_are_removed_and_a_direct_forward_call_is_no_layer_call():
+    import inspect
+
+    seen_signatures = []
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.act = nn.ReLU()
+
+        def forward(self, x, scale: float = 1.0):  # noqa: ANN001, ANN201
+            seen_signatures.append(list(inspect.signature(self.fc.forward).parameters))
+            return self.act(self.fc(x)) * scale
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Block()
+            self.head = nn.Linear(8, 4)
+
+        def forward(self, x):  # noqa: ANN001, ANN201
+            # a direct forward call runs no hook: head is functional code here, as torchinfo sees it
+            return self.head.forward(self.block(x)) + self.head(x)
+
+    model, x = Net(), torch.randn(3, 8)
+    graph = trace_model(model, x, training_step=False)
+    names = [c["name"] for c in graph["components"] if c["type"] not in ("input", "output")]
+    assert names == ["block.fc", "block.act", "head", "add"]
+    assert seen_signatures == [["input"]]  # the wrapper shows the wrapped forward's signature
+    assert graph["measured"]["functionalFlops"] == 2 * 3 * 8 * 4  # the direct call's matrix product
+    assert not any("forward" in vars(m) for m in model.modules())
+
+    class Fails(Net):
+        def forward(self, x):  # noqa: ANN001, ANN201
+            return self.head(self.block(x)[:, :3])
+
+    broken = Fails()
+    with pytest.raises(Exception, match="forward pass failed"):
+        trace_model(broken, x, training_step=False)
+    assert not any("forward" in vars(m) for m in broken.modules())
+
+
+def test_a_module_whose_call_or_forward_is_its_own_is_hooked():
+    class OwnCall(nn.Linear):  # a __call__ of its own that still runs nn.Module's
+        def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
+            return super().__call__(*args, **kwargs)
+
+    class Patched(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.own = OwnCall(8, 8)
+            self.swapped = nn.Linear(8, 8)
+            self.swapped.forward = lambda x: torch.nn.functional.linear(x, self.swapped.weight).relu()
+
+        def forward(self, x):  # noqa: ANN001, ANN201
+            return self.swapped(self.own(x))
+
+    model = Patched()
+    graph = assert_same(model, torch.randn(2, 8))
+    flops = {c["name"]: c["measured"].get("flops") for c in graph["components"]}
+    assert flops["own"] == flops["swapped"] == 2 * 2 * 8 * 8
+    assert vars(model.swapped)["forward"] is not None and "forward" not in vars(model.own)
 
 
 @pytest.mark.slow

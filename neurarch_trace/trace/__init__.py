@@ -2,10 +2,13 @@
 
 How it works
 ------------
-* **Nodes.** A forward pre-hook/post-hook pair on every module records one node per call of a
+* **Nodes.** A pre-hook/post-hook pair around every module's forward records one node per call of a
   *layer*: a leaf module, a module the mapping table knows as a whole (nn.MultiheadAttention,
   nn.LSTM), a TorchScript submodule (opaque), or a container cut off by ``depth``. Work inside a
   layer is not looked into any further. nn.Identity gets no node.
+  (The pair runs from a wrapper set as the module's ``forward`` while the trace runs, which keeps
+  ``nn.Module.__call__`` on its fast path, or, for a module with hooks of its own, as two forward
+  hooks after the user's: ``run._install_hooks``. Either way only ``module(x)`` calls are seen.)
 * **Edges.** Every tensor carries its *provenance*: the set of nodes (and directly-read parameters)
   its value was computed from without passing through another layer. A layer's output gets
   ``{that layer}``; functional code between layers (``x + residual``, ``torch.cat``, reshapes,

@@ -1,6 +1,8 @@
-"""The recorder: forward hooks on every module, one :class:`~.records.LayerCall` per node.
+"""The recorder: a pre-hook and a post-hook around every module's forward, one
+:class:`~.records.LayerCall` per node.
 
-A forward pre-hook/post-hook pair on every module records one node per call of a *layer*: a leaf
+The pair (:meth:`Recorder.pre_hook`, :meth:`Recorder.post_hook`; run from a ``forward`` wrapper or
+as forward hooks, see ``run._install_hooks``) on every module records one node per call of a *layer*: a leaf
 module, a module the mapping table knows as a whole (nn.MultiheadAttention, nn.LSTM), a TorchScript
 submodule (opaque), or a container cut off by ``depth``. Work inside a layer is not looked into any
 further; nn.Identity gets no node. Between layers, the flow mode (:mod:`.provenance`) calls
@@ -133,6 +135,8 @@ class Recorder:
         self._module_formulas: Dict[int, Optional[Formula]] = {}
         if self.fast:
             self._module_formulas = {id(m): module_formula(m) for m in tree.modules if not m._modules}
+        # id(module) -> the forward wrapper the recorder runs in (see traced_forward)
+        self._traced: Dict[int, Callable[..., Any]] = {}
         self._whole_types: Dict[type, bool] = {}
         self._rope_types: Dict[type, bool] = {}
         self._sink: Optional[LayerCall] = None
@@ -154,6 +158,12 @@ class Recorder:
         self._push_frame = self.stack.frames.append
         self._pop_frame = self.stack.frames.pop
         self._pop_scope = self.stack.scopes.pop
+
+    def traced_forward(self, module: nn.Module, traced: Callable[..., Any]) -> None:
+        """``module``'s ``forward`` is ``traced``, an instance attribute that calls :meth:`pre_hook`
+        and :meth:`post_hook` around the class's forward, in place of the two hooks (the
+        installer's, ``run._install_hooks``): what :func:`.closed_form.closed_form` expects of it."""
+        self._traced[id(module)] = traced
 
     # --- inputs and output ------------------------------------------------------------------
     def adopt_batch(self, batch_size: int, fed_shape: tuple) -> None:
@@ -298,8 +308,8 @@ class Recorder:
             self._push_frame((LAYER, record))
             self.inside_layer += 1
             self._sink = record
-            formula = self._closed = closed_form(module, args, kwargs, self._module_formulas.get(id(module), False)) \
-                if popped else None
+            formula = self._closed = closed_form(module, args, kwargs, self._module_formulas.get(id(module), False),
+                                                 self._traced.get(id(module))) if popped else None
             if formula is None:
                 flop_mode.resume()
             return
@@ -320,7 +330,8 @@ class Recorder:
         # a closed form only when the FLOP mode really is off the stack (no other mode above it)
         formula = None
         if self.fast and popped:
-            formula = closed_form(module, args, kwargs, self._module_formulas.get(id(module), False))
+            formula = closed_form(module, args, kwargs, self._module_formulas.get(id(module), False),
+                                  self._traced.get(id(module)))
         self._closed = formula
         if formula is None:
             self.flop_mode.resume()
