@@ -240,6 +240,48 @@ def test_a_torchscript_part_gives_the_same_step_on_every_trace():
     assert first["measured"]["training"]["batchSizes"] == [2, 4]
 
 
+def test_buffers_of_every_dtype_and_layout_come_back_however_they_were_written():
+    """Buffers kept in one flat copy per dtype: each comes back from its own slice, whether the
+    forward wrote it in place, through ``.data`` (no version counter moves), rebound it to another
+    shape through ``.data``, or left it alone (then it is not written at all)."""
+
+    class Writes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.register_buffer("low", torch.arange(6, dtype=torch.float16).reshape(2, 3))
+            self.register_buffer("count", torch.tensor(7))
+            self.register_buffer("flags", torch.tensor([True, False, True]))
+            self.register_buffer("wide", torch.arange(12.0).reshape(3, 4).t())  # not contiguous
+            self.register_buffer("quiet", torch.arange(5.0))
+            self.register_buffer("grown", torch.ones(2))
+            # a PyTorch layer that writes its buffers (min_val, max_val) in place in every forward
+            self.observer = torch.ao.quantization.MinMaxObserver()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.observer(x)
+            self.low.data.mul_(3)  # .data: no version counter moves
+            self.count += 5
+            self.flags.data.fill_(False)
+            self.wide.add_(1)
+            self.grown.data = torch.zeros(9)  # another size, through .data
+            return self.fc(x) + self.quiet.sum()
+
+    written = Writes()
+    before = {k: v.clone() for k, v in written.named_buffers()}
+    written(torch.randn(2, 4))  # the forward does write every buffer but one
+    assert [k for k, v in written.named_buffers() if v.shape == before[k].shape and torch.equal(v, before[k])] \
+        == ["quiet", "observer.eps"]
+    model = Writes()
+    versions = {k: v._version for k, v in model.named_buffers()}
+    trace_model(model, torch.randn(2, 4))
+    for key, value in model.named_buffers():
+        assert value.dtype == before[key].dtype and value.shape == before[key].shape, key
+        assert torch.equal(value, before[key]), key
+    assert model.quiet._version == versions["quiet"]  # left alone: not written back
+    assert not model.wide.is_contiguous()
+
+
 def test_state_guard_on_the_meta_device():
     with torch.device("meta"):
         model = Mutating()

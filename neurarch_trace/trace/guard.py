@@ -16,8 +16,9 @@ whatever the grad mode or the mask.
 normaliser, a step counter, a cache. :func:`state_kept` puts back, after the trace, whatever the
 forward changed of
 
-* every buffer, by value (a copy of each buffer is taken before; buffers are small next to the
-  weights) and by identity (a buffer rebound to a new tensor gets the old one back);
+* every buffer, by value (a copy of each buffer is taken before, all of one dtype and device in
+  one flat tensor; buffers are small next to the weights) and by identity (a buffer rebound to a
+  new tensor gets the old one back);
 * every parameter, by identity; by value the parameters of modules whose class is neither
   PyTorch's nor transformers' (a user's own layer may write its weight; those libraries' layers
   never do), so the big weights of nn.Linear, nn.Conv2d, nn.Embedding, GPT-2's Conv1D, ... are
@@ -25,8 +26,11 @@ forward changed of
 * attributes of a user's modules rebound during the forward (``self.calls += 1``, ``self.cache =
   t``) to the object they held before.
 
-A value is written back only when it changed (bitwise, or its version counter moved), so a tensor
-the forward left alone is not touched and autograd graphs the caller holds stay valid. Tensors on
+A value is written back only when it changed, so a tensor the forward left alone is not touched
+and autograd graphs the caller holds stay valid: a buffer of a PyTorch or transformers layer when
+its version counter moved (every in-place op moves it; those layers write their buffers only so:
+BatchNorm's running statistics, a quantization observer's range), a user's tensor also when its
+values differ bitwise (a write through ``.data`` moves no counter). Tensors on
 the meta device hold no values and are not copied; nor are lazy modules' uninitialised parameters
 (their materialisation in the first forward is kept, as PyTorch keeps it). Not restored: a plain
 tensor attribute (neither a parameter nor a buffer) written in place, and a library layer's weight
@@ -41,6 +45,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 from torch import nn
+from torch._utils import _flatten_dense_tensors
 
 import neurarch_trace.walk as walk
 
@@ -94,15 +99,59 @@ Registry = Dict[str, Any]
 _EMPTY: Registry = {}  # shared, never written: a module with nothing of a kind to put back
 
 
+#: The tensor types whose values one flat copy can hold (:func:`_flatten_dense_tensors`).
+_FLAT_TYPES = (torch.Tensor, nn.Parameter, getattr(nn, "Buffer", nn.Parameter))
+
+
+class _Kept:
+    """Tensors of one dtype and device kept by value: their versions, shapes and one flat copy of
+    their values (``_flatten_dense_tensors``, one kernel for them all), or, for a tensor no flat
+    copy can hold (sparse, quantized, a subclass), a copy of its own (``single``)."""
+
+    def __init__(self, tensors: List[torch.Tensor], library: List[bool], single: bool = False) -> None:
+        self.tensors, self.library = tensors, library
+        self.versions = [t._version for t in tensors]
+        self.shapes = [t.shape for t in tensors]
+        self.dtype, self.device = tensors[0].dtype, tensors[0].device
+        self.user = not all(library)
+        self.single = single
+        if single:
+            self.flat = tensors[0].detach().clone()
+        else:
+            flat = _flatten_dense_tensors(tensors)
+            self.flat = flat.clone() if len(tensors) == 1 else flat  # one tensor comes back as a view of itself
+
+    def restore(self) -> None:
+        """Put back each tensor that changed (see the module docstring)."""
+        tensors, dtype, device = self.tensors, self.dtype, self.device
+        versions = [t._version for t in tensors]
+        shapes = [t.shape for t in tensors]
+        if not self.user and versions == self.versions and shapes == self.shapes \
+                and all(t.dtype == dtype and t.device == device for t in tensors):
+            return  # the common case: library layers' buffers the forward left alone
+        start = 0
+        for t, library, version, shape, was, before in zip(tensors, self.library, versions, shapes, self.versions,
+                                                           self.shapes):
+            size = before.numel()
+            copy = self.flat if self.single else self.flat[start:start + size].view(before)
+            start += size
+            if shape != before or t.dtype != dtype or t.device != device:
+                t.data = copy.clone()  # rebound through .data: its old size back, in storage of its own
+            elif version != was or (not library and not torch.equal(t, copy)):  # .data writes move no counter
+                t.copy_(copy)
+
+
 class _Snapshot:
     """The state of one model before the trace (see the module docstring)."""
 
     def __init__(self, tree: walk.Tree, values: bool = True) -> None:
         self.modules: List[Tuple[nn.Module, Registry, Registry, Registry]] = []
-        self.values: Dict[int, Tuple[torch.Tensor, torch.Tensor, int]] = {}
-        # the library layers' parameters: id -> (module path, name, tensor, version); named if moved
-        self.versions: Dict[int, Tuple[str, str, torch.Tensor, int]] = {}
-        versions = self.versions
+        self._kept: List[_Kept] = []
+        # the library layers' parameters: (module path, name, tensor), and their versions
+        self._params: List[Tuple[str, str, torch.Tensor]] = []
+        self._param_versions: List[int] = []
+        by_value: Dict[int, Tuple[torch.Tensor, bool]] = {}  # id -> (tensor, a library layer's)
+        library_params: Dict[int, Tuple[str, str, torch.Tensor]] = {}
         for qual, module in tree.named_modules:
             library = _library_class(module)
             params, buffers = module._parameters, module._buffers
@@ -115,16 +164,31 @@ class _Snapshot:
             if not values:
                 continue
             for t in buffers.values():
-                self._keep(t)
+                if t is not None:
+                    by_value.setdefault(id(t), (t, library))
             for name, t in params.items():
+                if t is None:
+                    continue
                 if not library:
-                    self._keep(t)
-                elif id(t) not in versions and _has_values(t):
-                    versions[id(t)] = (qual, name, t, t._version)
-
-    def _keep(self, t: Any) -> None:
-        if _has_values(t) and id(t) not in self.values:
-            self.values[id(t)] = (t, t.detach().clone(), t._version)
+                    by_value.setdefault(id(t), (t, False))
+                else:
+                    library_params.setdefault(id(t), (qual, name, t))
+        if not values:
+            return
+        self._params = [entry for entry in library_params.values() if _has_values(entry[2])]
+        self._param_versions = [entry[2]._version for entry in self._params]
+        groups: Dict[Tuple[torch.dtype, torch.device], Tuple[List[torch.Tensor], List[bool]]] = {}
+        with torch.no_grad():
+            for t, library in by_value.values():
+                if not _has_values(t):
+                    continue
+                if type(t) in _FLAT_TYPES and t.layout == torch.strided and not t.is_quantized:
+                    tensors, flags = groups.setdefault((t.dtype, t.device), ([], []))
+                    tensors.append(t)
+                    flags.append(library)
+                else:
+                    self._kept.append(_Kept([t], [library], single=True))
+            self._kept.extend(_Kept(tensors, flags) for tensors, flags in groups.values())
 
     def restore(self) -> None:
         """Put back what changed: registry entries and attributes by identity, then values."""
@@ -139,20 +203,19 @@ class _Snapshot:
                     if key in current and current[key] is not value:
                         current[key] = value
         with torch.no_grad():
-            for t, copy, version in self.values.values():
-                if t.shape != copy.shape or t.dtype != copy.dtype or t.device != copy.device:
-                    t.data = copy  # rebound through .data: the old storage back
-                elif t._version != version or not torch.equal(t, copy):
-                    t.copy_(copy)
+            for kept in self._kept:
+                kept.restore()
+        versions = [entry[2]._version for entry in self._params]
+        if versions == self._param_versions:
+            return
         moved = [f"{qual}.{name}" if qual else name
-                 for qual, name, t, version in self.versions.values() if t._version != version]
-        if moved:
-            warnings.warn(
-                f"the forward wrote {len(moved)} parameter(s) of PyTorch or transformers layers in place "
-                f"({', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}); the trace keeps no copy of "
-                "those, so they keep the new values",
-                UserWarning, stacklevel=4,
-            )
+                 for (qual, name, t), before in zip(self._params, self._param_versions) if t._version != before]
+        warnings.warn(
+            f"the forward wrote {len(moved)} parameter(s) of PyTorch or transformers layers in place "
+            f"({', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''}); the trace keeps no copy of "
+            "those, so they keep the new values",
+            UserWarning, stacklevel=4,
+        )
 
 
 @contextlib.contextmanager
