@@ -2,10 +2,14 @@
 start, and how it scales.
 
 Run: ``python bench/bench_trace.py [--repeats 25] [--json bench/results/trace.json] [--cpu-time]
-[--only NAME] [--cli-repeats 5] [--skip-cli | --cli-only]``
+[--only NAME] [--cli-repeats 5] [--skip-cli | --cli-only] [--no-old-release]``
 
 Needs ``torchinfo`` for its column (``pip install -e '.[bench]'``) and ``transformers`` for the
-BERT, GPT-2 and ConvNeXt rows and the LLaMA meta rows; whatever is missing is left out.
+BERT, GPT-2 and ConvNeXt rows and the LLaMA meta rows; whatever is missing is left out. The column
+of neurarch-trace 0.1.3, the older release under the PyPI name, comes from ``old_release.py``: it
+is fetched once with ``pip download`` into ``~/.cache/neurarch-trace/bench/`` and run in child
+processes (it imports as ``neurarch_trace`` too); without a network, or with ``--no-old-release``,
+it is left out.
 
 ``--cpu-time`` times with this process's CPU time and one torch thread instead of the wall clock:
 on a machine other jobs share, wall-clock medians swing by 2x while CPU time stays within a few
@@ -26,11 +30,12 @@ Reports, in one run on this machine:
    (:func:`summarise`); and, as ``best_ratio``, its fastest round over the bare forward's fastest
    (:func:`best_ratio`); and, as ``against_peers``, the trace's time minus each peer's in the
    same round: its median, a 95% interval for that median, and the rounds the trace won
-   (:func:`against_peers`).
+   (:func:`against_peers`). 0.1.3 runs in a child process per model, in rounds against a bare
+   forward timed there: its ratio and best ratio (no round-by-round difference across processes).
 2. The command line as a user runs it, whole process (``neurarch-trace
    examples/models/resnet.py:ResNet50 --input 1,3,224,224``, default device, ``--device cpu`` and
-   ``--no-training-step``),
-   next to ``python -c "import torch"`` (the floor every torch tool pays) and a torchinfo script
+   ``--no-training-step``), next to 0.1.3's command with the same arguments,
+   ``python -c "import torch"`` (the floor every torch tool pays) and a torchinfo script
    doing the same summary; in alternating rounds, medians of wall time and of the child's CPU time.
 3. LLaMA-7B and LLaMA-3-70B configs on the meta device: the trace time (model build included),
    without and with the training-step rehearsal, and the peak resident memory, each in a fresh
@@ -58,11 +63,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import old_release  # noqa: E402 - bench/, the script's own folder
 import torch
 from torch import nn
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples" / "models"))
+from trace_models import ROOT, Call, best_ratio, models, rounds, summarise  # noqa: E402
 
 from neurarch_trace import read_graph, trace_model, write_graph  # noqa: E402
 from neurarch_trace.trace.closed_form import reference_path  # noqa: E402
@@ -70,8 +74,6 @@ from neurarch_trace.trace.closed_form import reference_path  # noqa: E402
 #: The clock the timings read: the wall clock, or this process's CPU time with ``--cpu-time``.
 CLOCK = time.perf_counter
 
-Call = Callable[[], Any]
-Model = Tuple[nn.Module, tuple, dict]
 
 
 # --- the runners: how each tool makes one pass over a model ----------------------------------------
@@ -142,71 +144,6 @@ RUNNERS: List[Tuple[str, Callable[[nn.Module, tuple, dict], Optional[Call]]]] = 
 ]
 
 
-def models() -> List[Tuple[str, Callable[[], Model]]]:
-    """``(label, build)`` of the in-process models; the transformers ones when it is installed."""
-    import resnet
-    import vit
-
-    image = (torch.randn(1, 3, 224, 224),)
-    rows: List[Tuple[str, Callable[[], Model]]] = [
-        ("ResNet-50 (1x3x224x224)", lambda: (resnet.ResNet50(), image, {})),
-        ("ViT-B/16 (1x3x224x224)", lambda: (vit.ViT_B_16(), image, {})),
-    ]
-    try:
-        import transformers
-    except ImportError:
-        return rows
-    ids = (torch.randint(0, 1000, (1, 128)),)
-
-    def gpt2() -> Model:
-        cfg = transformers.GPT2Config()
-        cfg.use_cache = False
-        return transformers.GPT2Model(cfg), ids, {}
-
-    rows += [
-        ("GPT-2 config (1x128 tokens)", gpt2),
-        ("BERT-base config (1x128 tokens)", lambda: (transformers.BertModel(transformers.BertConfig()), ids, {})),
-        ("ConvNeXt-T config (1x3x224x224)",
-         lambda: (transformers.ConvNextModel(transformers.ConvNextConfig()), image, {})),
-    ]
-    return rows
-
-
-def rounds(calls: Dict[str, Call], repeats: int) -> Dict[str, List[float]]:
-    """The times of each call in ``repeats`` rounds; each round runs every call once, starting one
-    further along each round, after a warm-up round; a ``gc.collect()`` before each call."""
-    names = list(calls)
-    for name in names:
-        calls[name]()
-    times: Dict[str, List[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            gc.collect()
-            start = CLOCK()
-            calls[name]()
-            times[name].append(CLOCK() - start)
-    return times
-
-
-def summarise(times: Dict[str, List[float]], base: str) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """Median seconds of each call, and its ratio to ``base``: 1 + the median over rounds of its
-    time minus the base's time in the same round, over the base's median. Pairing by round takes
-    out most of a shared machine's drift, which moves a whole round at once."""
-    seconds = {name: statistics.median(t) for name, t in times.items()}
-    base_times = times[base]
-    ratio = {name: 1 + statistics.median(a - b for a, b in zip(t, base_times)) / seconds[base]
-             for name, t in times.items()}
-    return seconds, ratio
-
-
-def best_ratio(times: Dict[str, List[float]], base: str) -> Dict[str, float]:
-    """Each call's fastest round over the base's fastest round: what is left when the machine's
-    other work (which only ever adds time) is least in the way; on this shared machine it moves
-    less between runs than the median (``timeit``'s advice for the same reason)."""
-    fastest = min(times[base])
-    return {name: min(t) / fastest for name, t in times.items()}
-
-
 #: The peers this project's trace is compared with, round by round (:func:`against_peers`).
 PEERS = ("torchinfo", "FlopCounterMode")
 
@@ -244,7 +181,10 @@ def against_peers(times: Dict[str, List[float]], tool: str = "neurarch-trace") -
     return out
 
 
-def bench_in_process(repeats: int, only: Optional[str] = None) -> List[dict]:
+def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Path] = None) -> List[dict]:
+    """The in-process rows (see the module docstring); with ``old``, 0.1.3's folder
+    (:func:`old_release.locate`), its column too, timed in a child process against the bare forward
+    timed there (its ratio; no round-by-round difference across processes)."""
     rows = []
     for label, build in models():
         if only is not None and only not in label:
@@ -257,11 +197,19 @@ def bench_in_process(repeats: int, only: Optional[str] = None) -> List[dict]:
             call = make(model, args, kwargs)
             if call is not None:
                 calls[column] = call
-        times = rounds(calls, repeats)
+        times = rounds(calls, repeats, CLOCK)
         seconds, ratio = summarise(times, RUNNERS[0][0])
         best = best_ratio(times, RUNNERS[0][0])
         paired = against_peers(times)
         row = {"model": label, "seconds": seconds, "ratio": ratio, "best_ratio": best, "against_peers": paired}
+        if old is not None:  # 0.1.3 in a child of its own, against the bare forward timed there
+            child = old_release.in_process(old, label, repeats, CLOCK is time.process_time)
+            if child is not None:
+                old_seconds, old_ratio = summarise(child, RUNNERS[0][0])
+                column = old_release.COLUMN
+                seconds[column], ratio[column] = old_seconds[column], old_ratio[column]
+                best[column] = best_ratio(child, RUNNERS[0][0])[column]
+                row["old_release_bare_seconds"] = old_seconds[RUNNERS[0][0]]
         rows.append(row)
         shown = "  ".join(f"{k} {v * 1e3:.1f} ms ({ratio[k]:.3f}x, best {best[k]:.3f}x)" for k, v in seconds.items())
         versus = "; ".join(f"{peer} {p['median_ms']:+.1f} ms [{p['interval_ms'][0]:+.1f}, {p['interval_ms'][1]:+.1f}],"
@@ -279,7 +227,7 @@ TORCHINFO_SCRIPT = (
 )
 
 
-def cli_commands(out_dir: str) -> Dict[str, List[str]]:
+def cli_commands(out_dir: str, old: Optional[Path] = None) -> Dict[str, List[str]]:
     exe = [sys.executable, "-m", "neurarch_trace"]
     target = [RESNET + ":ResNet50", "--input", "1,3,224,224"]
     commands = {
@@ -289,6 +237,9 @@ def cli_commands(out_dir: str) -> Dict[str, List[str]]:
                                                             os.path.join(out_dir, "c.json")],
         "python -c 'import torch'": [sys.executable, "-c", "import torch"],
     }
+    if old is not None:  # the same command line, 0.1.3 first on PYTHONPATH (CLI_ENVS)
+        commands[OLD_CLI] = exe + target + ["-o", os.path.join(out_dir, "d.neurarch.json")]
+        CLI_ENVS[OLD_CLI] = old_release.child_env(old)
     try:
         import torchinfo  # noqa: F401
     except ImportError:
@@ -303,27 +254,34 @@ def cli_commands(out_dir: str) -> Dict[str, List[str]]:
 CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def _run_child(command: List[str]) -> Tuple[float, float]:
+#: The command-line row of 0.1.3 (``neurarch-trace`` 0.1.3's own command, the same arguments).
+OLD_CLI = f"neurarch-trace {old_release.VERSION} (PyPI)"
+
+#: The environment of a command whose children need their own (0.1.3's ``PYTHONPATH``).
+CLI_ENVS: Dict[str, Dict[str, str]] = {}
+
+
+def _run_child(command: List[str], env: Optional[Dict[str, str]] = None) -> Tuple[float, float]:
     """Wall seconds and CPU seconds (user + system) of one child process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, env=CHILD_ENV)
+    subprocess.run(command, check=True, capture_output=True, env=env or CHILD_ENV)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def bench_cli(repeats: int) -> List[dict]:
+def bench_cli(repeats: int, old: Optional[Path] = None) -> List[dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        commands = cli_commands(tmp)
+        commands = cli_commands(tmp, old)
         names = list(commands)
         for name in names:  # warm the file cache (and write this package's bytecode)
-            _run_child(commands[name])
+            _run_child(commands[name], CLI_ENVS.get(name))
         walls: Dict[str, List[float]] = {n: [] for n in names}
         cpus: Dict[str, List[float]] = {n: [] for n in names}
         for r in range(repeats):
             for name in names[r % len(names):] + names[: r % len(names)]:
-                wall, cpu = _run_child(commands[name])
+                wall, cpu = _run_child(commands[name], CLI_ENVS.get(name))
                 walls[name].append(wall)
                 cpus[name].append(cpu)
     rows = []
@@ -448,6 +406,8 @@ def main() -> None:
                         help="only the in-process models whose label contains NAME; skip the rest")
     parser.add_argument("--skip-cli", action="store_true", help="leave out the command-line cold starts")
     parser.add_argument("--cli-only", action="store_true", help="only the command-line cold starts")
+    parser.add_argument("--no-old-release", action="store_true",
+                        help=f"leave out neurarch-trace {old_release.VERSION} (else fetched once with pip)")
     args = parser.parse_args()
     global CLOCK
     if args.cpu_time:
@@ -461,13 +421,14 @@ def main() -> None:
         "clock": "process CPU time, 1 torch thread" if args.cpu_time else "wall clock",
         "load_at_start": list(load),
     }
+    old = None if args.no_old_release else old_release.locate()
     if args.cli_only:
-        results["cli"] = bench_cli(args.cli_repeats)
+        results["cli"] = bench_cli(args.cli_repeats, old)
     else:
-        results["in_process"] = bench_in_process(args.repeats, args.only)
+        results["in_process"] = bench_in_process(args.repeats, args.only, old)
     if args.only is None and not args.cli_only:
         if not args.skip_cli:
-            results["cli"] = bench_cli(args.cli_repeats)
+            results["cli"] = bench_cli(args.cli_repeats, old)
         results["meta"] = bench_meta()
         results["scaling_and_io"] = bench_scaling_and_io(args.repeats)
         results["peak_rss_gib_this_process"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30

@@ -1,0 +1,103 @@
+"""neurarch-trace 0.1.3, the older release that holds the PyPI name, as a peer of ``bench_trace.py``.
+
+It imports as ``neurarch_trace`` too, so it never shares a process with this project: :func:`locate`
+finds (or fetches, ``pip download --no-deps neurarch-trace==0.1.3``, once, into
+``~/.cache/neurarch-trace/bench/``) its wheel and unpacks it; the benchmark runs it in child
+processes whose ``PYTHONPATH`` puts that folder first. Nothing of it is imported or copied here.
+
+Run as a child: ``python bench/old_release.py LABEL REPEATS [--cpu-time]`` times the bare no-grad
+forward and 0.1.3's ``trace_model(model, [inputs], name=...)`` (its own defaults: ``eval()``,
+autograd on) on the model of ``trace_models.models()`` labelled ``LABEL``, in rounds as
+``bench_trace.py`` times its own runners, and prints one JSON line: the times of both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Dict, List, Optional
+
+VERSION = "0.1.3"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "neurarch-trace" / "bench"
+FOLDER = CACHE / f"neurarch-trace-{VERSION}"
+COLUMN = f"neurarch-trace {VERSION} (PyPI)"
+
+
+def locate(fetch: bool = True) -> Optional[Path]:
+    """The folder holding 0.1.3's ``neurarch_trace`` package, fetched from PyPI with pip when it is
+    not there yet and ``fetch`` is set; None (and one line on stderr saying why) when it cannot be
+    had (no network, no pip)."""
+    if (FOLDER / "neurarch_trace" / "__init__.py").is_file():
+        return FOLDER
+    if not fetch:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                              "-d", tmp, f"neurarch-trace=={VERSION}"], capture_output=True, text=True, timeout=300)
+        wheels = sorted(Path(tmp).glob("neurarch_trace-*.whl"))
+        if got.returncode != 0 or not wheels:
+            reason = (got.stderr.strip().splitlines() or ["no wheel"])[-1]
+            print(f"neurarch-trace {VERSION} left out: pip could not download it ({reason})", file=sys.stderr)
+            return None
+        FOLDER.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            wheel.extractall(FOLDER)
+    return FOLDER
+
+
+def child_env(folder: Path) -> Dict[str, str]:
+    """The environment of a child that imports 0.1.3 as ``neurarch_trace``: its folder first on
+    ``PYTHONPATH``, bytecode caching on."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join([str(folder)] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def in_process(folder: Path, label: str, repeats: int, cpu_time: bool) -> Optional[Dict[str, List[float]]]:
+    """The times of the bare forward and of 0.1.3's trace on the model ``label``, in a child;
+    None when the child failed (its last line on stderr)."""
+    command = [sys.executable, str(Path(__file__).resolve()), label, str(repeats)]
+    command += ["--cpu-time"] if cpu_time else []
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(folder))
+    if done.returncode != 0:
+        print(f"neurarch-trace {VERSION} on {label}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}",
+              file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _child(label: str, repeats: int, cpu_time: bool) -> None:
+    import torch
+    from trace_models import models, rounds
+
+    import neurarch_trace
+
+    if getattr(neurarch_trace, "__version__", None) != VERSION:
+        raise SystemExit(f"expected neurarch-trace {VERSION} first on PYTHONPATH, found {neurarch_trace.__file__}")
+    clock = time.perf_counter
+    if cpu_time:
+        clock = time.process_time
+        torch.set_num_threads(1)
+    torch.manual_seed(0)
+    build = dict(models())[label]
+    model, args, kwargs = build()
+    model.eval()
+
+    def bare() -> None:
+        with torch.no_grad():
+            model(*args, **kwargs)
+
+    def old() -> None:
+        neurarch_trace.trace_model(model, list(args), name=type(model).__name__)
+
+    print(json.dumps(rounds({"bare forward": bare, COLUMN: old}, repeats, clock)))
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], int(sys.argv[2]), "--cpu-time" in sys.argv[3:])

@@ -1,0 +1,94 @@
+"""The models and the timing of ``bench_trace.py``, shared with its child processes
+(``old_release.py`` runs neurarch-trace 0.1.3, which imports as ``neurarch_trace`` too, in a process
+of its own): nothing here imports this project.
+
+The models: ResNet-50 and ViT-B/16 (``examples/models``), and, with transformers, GPT-2 and
+BERT-base configs (1x128 token ids) and ConvNeXt-T (``ConvNextModel``, default config), batch 1,
+224 px images, random weights (``torch.manual_seed(0)`` before each build).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "examples" / "models") not in sys.path:
+    sys.path.insert(0, str(ROOT / "examples" / "models"))
+
+Call = Callable[[], Any]
+Model = Tuple[nn.Module, tuple, dict]
+
+
+def models() -> List[Tuple[str, Callable[[], Model]]]:
+    """``(label, build)`` of the in-process models; the transformers ones when it is installed."""
+    import resnet
+    import vit
+
+    image = (torch.randn(1, 3, 224, 224),)
+    rows: List[Tuple[str, Callable[[], Model]]] = [
+        ("ResNet-50 (1x3x224x224)", lambda: (resnet.ResNet50(), image, {})),
+        ("ViT-B/16 (1x3x224x224)", lambda: (vit.ViT_B_16(), image, {})),
+    ]
+    try:
+        import transformers
+    except ImportError:
+        return rows
+    ids = (torch.randint(0, 1000, (1, 128)),)
+
+    def gpt2() -> Model:
+        cfg = transformers.GPT2Config()
+        cfg.use_cache = False
+        return transformers.GPT2Model(cfg), ids, {}
+
+    rows += [
+        ("GPT-2 config (1x128 tokens)", gpt2),
+        ("BERT-base config (1x128 tokens)", lambda: (transformers.BertModel(transformers.BertConfig()), ids, {})),
+        ("ConvNeXt-T config (1x3x224x224)",
+         lambda: (transformers.ConvNextModel(transformers.ConvNextConfig()), image, {})),
+    ]
+    return rows
+
+
+def rounds(calls: Dict[str, Call], repeats: int,
+           clock: Callable[[], float] = time.perf_counter) -> Dict[str, List[float]]:
+    """The times of each call in ``repeats`` rounds; each round runs every call once, starting one
+    further along each round, after a warm-up round; a ``gc.collect()`` before each call; timed
+    by ``clock``."""
+    names = list(calls)
+    for name in names:
+        calls[name]()
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            gc.collect()
+            start = clock()
+            calls[name]()
+            times[name].append(clock() - start)
+    return times
+
+
+def summarise(times: Dict[str, List[float]], base: str) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Median seconds of each call, and its ratio to ``base``: 1 + the median over rounds of its
+    time minus the base's time in the same round, over the base's median. Pairing by round takes
+    out most of a shared machine's drift, which moves a whole round at once."""
+    seconds = {name: statistics.median(t) for name, t in times.items()}
+    base_times = times[base]
+    ratio = {name: 1 + statistics.median(a - b for a, b in zip(t, base_times)) / seconds[base]
+             for name, t in times.items()}
+    return seconds, ratio
+
+
+def best_ratio(times: Dict[str, List[float]], base: str) -> Dict[str, float]:
+    """Each call's fastest round over the base's fastest round: what is left when the machine's
+    other work (which only ever adds time) is least in the way; on this shared machine it moves
+    less between runs than the median (``timeit``'s advice for the same reason)."""
+    fastest = min(times[base])
+    return {name: min(t) / fastest for name, t in times.items()}
