@@ -220,6 +220,17 @@ class Recorder:
             on_meta=self.on_meta,
         )
 
+    def close(self) -> None:
+        """Drop the references back to this recorder once its recording is made (:meth:`finish`):
+        its two modes' (the flow mode's recorder, the FLOP mode's sink) and the forward wrappers'
+        (:meth:`traced_forward`). Reference counting then frees the recorder and what only it holds
+        as soon as the trace lets go of it; left as cycles, they waited for the cyclic garbage
+        collector, whose pass over them (about 17 objects a layer call) cost a trace of a
+        1,000-layer chain 6 to 10 ms. The recorder records nothing more after this."""
+        self._traced.clear()
+        self.flow._recorder = None
+        self.flop_mode._sink = None
+
     def where(self) -> str:
         """How far the forward got, for an error: ``in layer 'fc' (Linear) after 3 layers``."""
         self._settle()

@@ -87,11 +87,13 @@ def _wrappable_class(cls: type) -> bool:
 
 
 #: The frames ``nn.Module.__call__`` runs ``self.forward`` from: ``_call_impl`` (its fast path),
-#: the closure it runs hooks in, and ``_slow_forward`` (under ``torch.jit.trace``).
-_CALL_CODES = frozenset(
+#: the closure it runs hooks in, and ``_slow_forward`` (under ``torch.jit.trace``), by the ids of
+#: their code objects, which live as long as ``nn.Module``: a code object's own hash is computed
+#: from its bytecode and constants on every lookup, about 0.7 us, once per module call.
+_CALL_CODE_IDS = frozenset(id(code) for code in (
     [nn.Module._call_impl.__code__, nn.Module._slow_forward.__code__]
     + [c for c in nn.Module._call_impl.__code__.co_consts if isinstance(c, CodeType)]
-)
+))
 
 
 def _traced_forward(module: nn.Module, forward: Callable[..., Any], pre: Callable[..., None],
@@ -101,7 +103,7 @@ def _traced_forward(module: nn.Module, forward: Callable[..., Any], pre: Callabl
     module is called (``module(x)``), not when code calls ``module.forward(x)`` itself, which
     runs no hook either."""
     def forward_traced(*args: Any, **kwargs: Any) -> Any:
-        if _getframe(1).f_code not in _CALL_CODES:
+        if id(_getframe(1).f_code) not in _CALL_CODE_IDS:
             return forward(*args, **kwargs)
         pre(module, args, kwargs)
         output = forward(*args, **kwargs)
@@ -329,21 +331,32 @@ def trace_model(
         )
     graph_name = name or type(model).__name__
 
-    # a trace makes many small objects that live to its end; the meta kernels are PyTorch's Python
+    # a trace makes many small objects that live to its end; the meta kernels are PyTorch's Python.
+    # The records are freed (by reference counting) when _traced_graph returns, before the collection
+    # that re-enabling the collector sets off, which then walks the graph alone.
     with gc_paused(), dynamo_left_unimported():
-        recording, output = _record(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress)
-        # the plan sizes the model, not the view a depth cuts
-        recording, full_recording = _at_full_depth(recording, model, args, call_kwargs, named_inputs, tensors, depth,
-                                                   graph_name)
-        _warn(model, graph_name, output, recording, full_recording, call_kwargs)
-        step = None
-        if training_step:  # its forward rebinds what the traced one did (a counter, a cache): put back
-            with state_kept(walk.Tree(model), values=False):
-                step = rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
-                                              scalars=recording.scalars)
-        full = None if full_recording is None else _graph(full_recording, None, step, model, named_inputs,
-                                                          graph_name, description)
-        return _graph(recording, full, step, model, named_inputs, graph_name, description)
+        return _traced_graph(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress,
+                             training_step, description)
+
+
+def _traced_graph(model: nn.Module, args: tuple, call_kwargs: dict, named_inputs: List[Tuple[str, Any]],
+                  tensors: List[Tuple[str, torch.Tensor]], depth: Optional[int], graph_name: str,
+                  progress: Optional[Callable[[int], None]], training_step: bool, description: Optional[str]) -> dict:
+    """:func:`trace_model`'s work once its arguments are checked: the trace (again at full depth
+    when ``depth`` cuts it), the model's warnings, the rehearsed step, the graph."""
+    recording, output = _record(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress)
+    # the plan sizes the model, not the view a depth cuts
+    recording, full_recording = _at_full_depth(recording, model, args, call_kwargs, named_inputs, tensors, depth,
+                                               graph_name)
+    _warn(model, graph_name, output, recording, full_recording, call_kwargs)
+    step = None
+    if training_step:  # its forward rebinds what the traced one did (a counter, a cache): put back
+        with state_kept(walk.Tree(model), values=False):
+            step = rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
+                                          scalars=recording.scalars)
+    full = None if full_recording is None else _graph(full_recording, None, step, model, named_inputs,
+                                                      graph_name, description)
+    return _graph(recording, full, step, model, named_inputs, graph_name, description)
 
 
 def _warn(model: nn.Module, graph_name: str, output: Any, recording: Recording, full: Optional[Recording],
@@ -448,4 +461,6 @@ def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tupl
                 recorder = new_recorder()  # the forward differentiates (torch.autograd.grad): again, with autograd
                 with state_kept(tree):
                     output = _forward(recorder, model, args, kwargs, tensors, progress, with_grad=True)
-        return recorder.finish(output), output
+        recording = recorder.finish(output)
+        recorder.close()  # freed by reference counting, not left to the cyclic collector
+        return recording, output
