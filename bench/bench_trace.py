@@ -63,17 +63,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import old_release  # noqa: E402 - bench/, the script's own folder
+import old_release  # bench/, the script's own folder
 import torch
 from torch import nn
-from trace_models import ROOT, Call, best_ratio, models, rounds, summarise  # noqa: E402
+from trace_models import ROOT, Call, best_ratio, child_env, models, rounds, summarise
 
 from neurarch_trace import read_graph, trace_model, write_graph  # noqa: E402
 from neurarch_trace.trace.closed_form import reference_path  # noqa: E402
 
 #: The clock the timings read: the wall clock, or this process's CPU time with ``--cpu-time``.
 CLOCK = time.perf_counter
-
 
 
 # --- the runners: how each tool makes one pass over a model ----------------------------------------
@@ -227,45 +226,40 @@ TORCHINFO_SCRIPT = (
 )
 
 
-def cli_commands(out_dir: str, old: Optional[Path] = None) -> Dict[str, List[str]]:
+Command = Tuple[List[str], Dict[str, str]]  # the command line and its environment
+
+
+def cli_commands(out_dir: str, old: Optional[Path] = None) -> Dict[str, Command]:
+    """The cold starts to time, by row name; with ``old`` (0.1.3's folder), 0.1.3's own command with
+    the same arguments, that folder first on its ``PYTHONPATH``."""
     exe = [sys.executable, "-m", "neurarch_trace"]
     target = [RESNET + ":ResNet50", "--input", "1,3,224,224"]
+    env = child_env()
     commands = {
-        "neurarch-trace (default device)": exe + target + ["-o", os.path.join(out_dir, "a.neurarch.json")],
-        "neurarch-trace --device cpu": exe + target + ["--device", "cpu", "-o", os.path.join(out_dir, "b.json")],
-        "neurarch-trace --no-training-step": exe + target + ["--no-training-step", "-o",
-                                                            os.path.join(out_dir, "c.json")],
-        "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+        "neurarch-trace (default device)": (exe + target + ["-o", os.path.join(out_dir, "a.neurarch.json")], env),
+        "neurarch-trace --device cpu": (exe + target + ["--device", "cpu", "-o", os.path.join(out_dir, "b.json")],
+                                        env),
+        "neurarch-trace --no-training-step": (exe + target + ["--no-training-step", "-o",
+                                                             os.path.join(out_dir, "c.json")], env),
+        "python -c 'import torch'": ([sys.executable, "-c", "import torch"], env),
     }
-    if old is not None:  # the same command line, 0.1.3 first on PYTHONPATH (CLI_ENVS)
-        commands[OLD_CLI] = exe + target + ["-o", os.path.join(out_dir, "d.neurarch.json")]
-        CLI_ENVS[OLD_CLI] = old_release.child_env(old)
+    if old is not None:
+        commands[f"neurarch-trace {old_release.VERSION} (PyPI)"] = (
+            exe + target + ["-o", os.path.join(out_dir, "d.neurarch.json")], child_env(old))
     try:
         import torchinfo  # noqa: F401
     except ImportError:
         return commands
-    commands["torchinfo script"] = [sys.executable, "-c",
-                                    TORCHINFO_SCRIPT.format(models=str(ROOT / "examples" / "models"))]
+    commands["torchinfo script"] = ([sys.executable, "-c",
+                                     TORCHINFO_SCRIPT.format(models=str(ROOT / "examples" / "models"))], env)
     return commands
 
 
-#: The children's environment: bytecode caching on, as Python runs by default (a sandbox that sets
-#: PYTHONDONTWRITEBYTECODE would have every child compile this package again).
-CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-
-
-#: The command-line row of 0.1.3 (``neurarch-trace`` 0.1.3's own command, the same arguments).
-OLD_CLI = f"neurarch-trace {old_release.VERSION} (PyPI)"
-
-#: The environment of a command whose children need their own (0.1.3's ``PYTHONPATH``).
-CLI_ENVS: Dict[str, Dict[str, str]] = {}
-
-
-def _run_child(command: List[str], env: Optional[Dict[str, str]] = None) -> Tuple[float, float]:
+def _run_child(command: Command) -> Tuple[float, float]:
     """Wall seconds and CPU seconds (user + system) of one child process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, env=env or CHILD_ENV)
+    subprocess.run(command[0], check=True, capture_output=True, env=command[1])
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -276,12 +270,12 @@ def bench_cli(repeats: int, old: Optional[Path] = None) -> List[dict]:
         commands = cli_commands(tmp, old)
         names = list(commands)
         for name in names:  # warm the file cache (and write this package's bytecode)
-            _run_child(commands[name], CLI_ENVS.get(name))
+            _run_child(commands[name])
         walls: Dict[str, List[float]] = {n: [] for n in names}
         cpus: Dict[str, List[float]] = {n: [] for n in names}
         for r in range(repeats):
             for name in names[r % len(names):] + names[: r % len(names)]:
-                wall, cpu = _run_child(commands[name], CLI_ENVS.get(name))
+                wall, cpu = _run_child(commands[name])
                 walls[name].append(wall)
                 cpus[name].append(cpu)
     rows = []

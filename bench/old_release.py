@@ -23,6 +23,8 @@ import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from trace_models import child_env
+
 VERSION = "0.1.3"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "neurarch-trace" / "bench"
 FOLDER = CACHE / f"neurarch-trace-{VERSION}"
@@ -49,14 +51,6 @@ def locate(fetch: bool = True) -> Optional[Path]:
         with zipfile.ZipFile(wheels[0]) as wheel:
             wheel.extractall(FOLDER)
     return FOLDER
-
-
-def child_env(folder: Path) -> Dict[str, str]:
-    """The environment of a child that imports 0.1.3 as ``neurarch_trace``: its folder first on
-    ``PYTHONPATH``, bytecode caching on."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = os.pathsep.join([str(folder)] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
 
 
 def in_process(folder: Path, label: str, repeats: int, cpu_time: bool) -> Optional[Dict[str, List[float]]]:

@@ -10,11 +10,12 @@ BERT-base configs (1x128 token ids) and ConvNeXt-T (``ConvNextModel``, default c
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -25,6 +26,16 @@ if str(ROOT / "examples" / "models") not in sys.path:
 
 Call = Callable[[], Any]
 Model = Tuple[nn.Module, tuple, dict]
+
+
+def child_env(first_on_path: Optional[Path] = None) -> Dict[str, str]:
+    """The environment of a benchmark's child process: this one's, with bytecode caching on, as
+    Python runs by default (a sandbox that sets PYTHONDONTWRITEBYTECODE would have every child
+    compile its packages again); with ``first_on_path``, that folder first on ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if first_on_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(first_on_path)] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
 
 
 def models() -> List[Tuple[str, Callable[[], Model]]]:
