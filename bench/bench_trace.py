@@ -226,40 +226,56 @@ TORCHINFO_SCRIPT = (
 )
 
 
-Command = Tuple[List[str], Dict[str, str]]  # the command line and its environment
+Command = Tuple[List[str], Dict[str, str], str]  # the command line, its environment, its directory
 
 
 def cli_commands(out_dir: str, old: Optional[Path] = None) -> Dict[str, Command]:
     """The cold starts to time, by row name; with ``old`` (0.1.3's folder), 0.1.3's own command with
-    the same arguments, that folder first on its ``PYTHONPATH``."""
+    the same arguments, that folder first on its ``PYTHONPATH``. Every child runs in ``out_dir``
+    (:func:`_run_child`): ``python -m`` puts its working directory first on ``sys.path``, and run
+    from this checkout's root, this checkout's package would shadow 0.1.3's (until 2026-12-02 the
+    0.1.3 row timed this project)."""
     exe = [sys.executable, "-m", "neurarch_trace"]
     target = [RESNET + ":ResNet50", "--input", "1,3,224,224"]
     env = child_env()
     commands = {
-        "neurarch-trace (default device)": (exe + target + ["-o", os.path.join(out_dir, "a.neurarch.json")], env),
+        "neurarch-trace (default device)": (exe + target + ["-o", os.path.join(out_dir, "a.neurarch.json")], env,
+                                            out_dir),
         "neurarch-trace --device cpu": (exe + target + ["--device", "cpu", "-o", os.path.join(out_dir, "b.json")],
-                                        env),
+                                        env, out_dir),
         "neurarch-trace --no-training-step": (exe + target + ["--no-training-step", "-o",
-                                                             os.path.join(out_dir, "c.json")], env),
-        "python -c 'import torch'": ([sys.executable, "-c", "import torch"], env),
+                                                             os.path.join(out_dir, "c.json")], env, out_dir),
+        "python -c 'import torch'": ([sys.executable, "-c", "import torch"], env, out_dir),
     }
+    _check_package(env, out_dir, str(ROOT / "neurarch_trace"))
     if old is not None:
+        old_env = child_env(old)
+        _check_package(old_env, out_dir, str(old / "neurarch_trace"))
         commands[f"neurarch-trace {old_release.VERSION} (PyPI)"] = (
-            exe + target + ["-o", os.path.join(out_dir, "d.neurarch.json")], child_env(old))
+            exe + target + ["-o", os.path.join(out_dir, "d.neurarch.json")], old_env, out_dir)
     try:
         import torchinfo  # noqa: F401
     except ImportError:
         return commands
     commands["torchinfo script"] = ([sys.executable, "-c",
-                                     TORCHINFO_SCRIPT.format(models=str(ROOT / "examples" / "models"))], env)
+                                     TORCHINFO_SCRIPT.format(models=str(ROOT / "examples" / "models"))], env, out_dir)
     return commands
+
+
+def _check_package(env: Dict[str, str], cwd: str, folder: str) -> None:
+    """Raise SystemExit unless ``python -m neurarch_trace`` run with ``env`` in ``cwd`` imports the
+    package in ``folder`` (this checkout's or 0.1.3's: both are named ``neurarch_trace``)."""
+    found = subprocess.run([sys.executable, "-c", "import neurarch_trace; print(neurarch_trace.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=cwd).stdout.strip()
+    if os.path.dirname(os.path.realpath(found)) != os.path.realpath(folder):
+        raise SystemExit(f"the cold-start child imports neurarch_trace from {found or 'nowhere'}, not from {folder}")
 
 
 def _run_child(command: Command) -> Tuple[float, float]:
     """Wall seconds and CPU seconds (user + system) of one child process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(command[0], check=True, capture_output=True, env=command[1])
+    subprocess.run(command[0], check=True, capture_output=True, env=command[1], cwd=command[2])
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -52,8 +52,13 @@ def test_the_harness_measures_an_mlp_to_the_byte() -> None:
     assert tensors["backward"] == 3 * p + steps + batch + 160 + 8 + 10_240 + 40 + 1_024 + 401_408 + 802_816
     # AdamW: parameters, gradients, moments and one float32 temporary a parameter (_foreach_sqrt)
     assert tensors["optimizer"] == 5 * p + steps + batch + 160 + 4
-    # oneDNN's packed GEMM operands come and go inside the forward's matrix products
-    assert peaks["forward"]["all"] > peaks["forward"]["tensors"]
+    # on an AVX-512 CPU, oneDNN's packed GEMM operands (allocations that are no tensor) come and go
+    # inside the forward's matrix products; on an AVX2 one it packs nothing (seen on an AMD EPYC)
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        assert peaks["forward"]["all"] > peaks["forward"]["tensors"]
+    elif capability == "AVX2":
+        assert peaks["forward"]["all"] == peaks["forward"]["tensors"]
 
 
 def test_the_prediction_matches_the_harness_on_the_mlp() -> None:

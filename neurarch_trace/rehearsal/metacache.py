@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from neurarch_trace.metakernels import MetaKernels
+
 __all__ = ["MetaCache"]
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
@@ -109,29 +111,33 @@ def _rebuild(desc: Any) -> Any:
 
 class MetaCache:
     """``call(func, args, kwargs)`` runs ``func`` or answers from the cache. ``hits`` and
-    ``misses`` count calls answered and computed (for the benchmark)."""
+    ``misses`` count calls answered and computed (for the benchmark); a call computed runs
+    through :class:`~neurarch_trace.metakernels.MetaKernels` (BatchNorm's and LayerNorm's meta
+    kernels from their shape functions)."""
 
     def __init__(self) -> None:
         self._entries: dict[Any, Any] = {}
         self.hits = 0
         self.misses = 0
+        self.kernels = MetaKernels()
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         storages: list[int] = []
         key = _key(args, storages)
+        run = self.kernels.call
         if key is _MISS:
-            return func(*args, **kwargs)
+            return run(func, args, kwargs)
         if kwargs:
             named = _key(tuple(kwargs.values()), storages)
             if named is _MISS:
-                return func(*args, **kwargs)
+                return run(func, args, kwargs)
             key = (key, tuple(kwargs), named)
         key = (func, key)
         entry = self._entries.get(key)
         if entry is not None and entry is not _MISS:
             self.hits += 1
             return _rebuild(entry)
-        out = func(*args, **kwargs)
+        out = run(func, args, kwargs)
         if entry is None:
             self.misses += 1
             desc = _describe(out, set(storages), set())

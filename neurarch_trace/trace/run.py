@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from contextlib import nullcontext
 from sys import _getframe
 from types import CodeType, FunctionType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -26,6 +27,7 @@ import neurarch_trace.walk as walk
 from neurarch_trace.contract.document import gc_paused
 from neurarch_trace.errors import NeedsValuesError, OutOfMemoryError, TraceError, is_out_of_memory
 from neurarch_trace.lazy_dynamo import dynamo_left_unimported
+from neurarch_trace.metakernels import MetaKernelMode
 from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.text import error_line
 from neurarch_trace.trace.batch import sample_inputs
@@ -248,7 +250,9 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
         # the fast path runs the forward without autograd (no graph, activations freed as they go);
         # the reference path and a forward that needs autograd (torch.autograd.grad) run with it
         grad = torch.no_grad() if recorder.fast and not with_grad else torch.enable_grad()
-        with grad, recorder.flop_mode, recorder.flow:
+        # on meta, below the FLOP mode: it stays on inside the layers where the FLOP mode steps aside
+        shapes = MetaKernelMode() if recorder.on_meta else nullcontext()
+        with grad, shapes, recorder.flop_mode, recorder.flow:
             try:
                 return model(*args, **kwargs)
             finally:
