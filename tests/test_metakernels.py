@@ -15,7 +15,7 @@ from torch import nn
 
 import neurarch_trace.metakernels as metakernels
 from neurarch_trace import trace_model
-from neurarch_trace.metakernels import MetaKernels
+from neurarch_trace.metakernels import MetaKernels, worth_a_mode
 
 aten = torch.ops.aten
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -204,3 +204,16 @@ def test_the_meta_trace_and_its_rehearsal_use_them_and_measure_the_same(monkeypa
     slow = trace_model(model, x)
     assert used == []
     assert fast == slow
+
+
+def test_the_mode_is_used_only_where_a_layer_calls_a_shortcut() -> None:
+    """A forward pays the mode's trip through Python per operation only when a layer of the model
+    runs an operation it answers (a subclass of one included)."""
+
+    class MyNorm(nn.LayerNorm):
+        pass
+
+    assert worth_a_mode(_Block().modules())
+    assert worth_a_mode(nn.Sequential(nn.Linear(4, 4), MyNorm(4)).modules())
+    assert worth_a_mode([nn.GELU()]) and worth_a_mode([nn.SyncBatchNorm(3)])
+    assert not worth_a_mode(nn.Sequential(nn.Linear(4, 4), nn.SiLU(), nn.GroupNorm(2, 4)).modules())

@@ -27,7 +27,7 @@ import neurarch_trace.walk as walk
 from neurarch_trace.contract.document import gc_paused
 from neurarch_trace.errors import NeedsValuesError, OutOfMemoryError, TraceError, is_out_of_memory
 from neurarch_trace.lazy_dynamo import dynamo_left_unimported
-from neurarch_trace.metakernels import MetaKernelMode
+from neurarch_trace.metakernels import MetaKernelMode, worth_a_mode
 from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.text import error_line
 from neurarch_trace.trace.batch import sample_inputs
@@ -251,7 +251,7 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
         # the reference path and a forward that needs autograd (torch.autograd.grad) run with it
         grad = torch.no_grad() if recorder.fast and not with_grad else torch.enable_grad()
         # on meta, below the FLOP mode: it stays on inside the layers where the FLOP mode steps aside
-        shapes = MetaKernelMode() if recorder.on_meta else nullcontext()
+        shapes = MetaKernelMode() if recorder.on_meta and worth_a_mode(tree.modules) else nullcontext()
         with grad, shapes, recorder.flop_mode, recorder.flow:
             try:
                 return model(*args, **kwargs)
