@@ -159,7 +159,8 @@ def _device(device: str) -> Iterator[None]:
 
 def _import_file(path: str) -> Any:
     if not os.path.exists(path):
-        raise TargetError(f"file {path} does not exist: check the path (it is relative to {os.getcwd()})")
+        where = "" if os.path.isabs(path) else f" (it is relative to {os.getcwd()})"
+        raise TargetError(f"file {path} does not exist: check the path{where}")
     if os.path.isdir(path):
         raise TargetError(f"{path} is a folder: name a .py file, e.g. {path.rstrip('/')}/model.py:Model")
     abspath = os.path.abspath(path)

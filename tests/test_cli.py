@@ -342,7 +342,10 @@ class Net(nn.Module):
     "args, message",
     [
         (["nocolon"], "target 'nocolon' names no attribute: write path/to/file.py:Model"),
-        (["missing.py:Net", "--input", "1,4"], "file missing.py does not exist"),
+        (["missing.py:Net", "--input", "1,4"], "file missing.py does not exist: check the path (it is relative to "),
+        # an absolute path is relative to nothing: the message says no folder
+        (["/no-such-dir/missing.py:Net", "--input", "1,4"],
+         "file /no-such-dir/missing.py does not exist: check the path\n"),
         (["bad.py:Net", "--input", "1,4"], "importing bad.py failed: RuntimeError: cannot build on this machine"),
         (["good.py:Nope", "--input", "1,4"],
          "good.py has no attribute 'Nope'; it offers Net, needs_args, not_a_module, raises"),
