@@ -226,39 +226,38 @@ TORCHINFO_SCRIPT = (
 )
 
 
-Command = Tuple[List[str], Dict[str, str], str]  # the command line, its environment, its directory
+Command = Tuple[List[str], Dict[str, str]]  # the command line and its environment
 
 
 def cli_commands(out_dir: str, old: Optional[Path] = None) -> Dict[str, Command]:
     """The cold starts to time, by row name; with ``old`` (0.1.3's folder), 0.1.3's own command with
     the same arguments, that folder first on its ``PYTHONPATH``. Every child runs in ``out_dir``
-    (:func:`_run_child`): ``python -m`` puts its working directory first on ``sys.path``, and run
+    (:func:`bench_cli`): ``python -m`` puts its working directory first on ``sys.path``, and run
     from this checkout's root, this checkout's package would shadow 0.1.3's (until 2026-12-02 the
     0.1.3 row timed this project)."""
     exe = [sys.executable, "-m", "neurarch_trace"]
     target = [RESNET + ":ResNet50", "--input", "1,3,224,224"]
     env = child_env()
     commands = {
-        "neurarch-trace (default device)": (exe + target + ["-o", os.path.join(out_dir, "a.neurarch.json")], env,
-                                            out_dir),
+        "neurarch-trace (default device)": (exe + target + ["-o", os.path.join(out_dir, "a.neurarch.json")], env),
         "neurarch-trace --device cpu": (exe + target + ["--device", "cpu", "-o", os.path.join(out_dir, "b.json")],
-                                        env, out_dir),
+                                        env),
         "neurarch-trace --no-training-step": (exe + target + ["--no-training-step", "-o",
-                                                             os.path.join(out_dir, "c.json")], env, out_dir),
-        "python -c 'import torch'": ([sys.executable, "-c", "import torch"], env, out_dir),
+                                                             os.path.join(out_dir, "c.json")], env),
+        "python -c 'import torch'": ([sys.executable, "-c", "import torch"], env),
     }
     _check_package(env, out_dir, str(ROOT / "neurarch_trace"))
     if old is not None:
         old_env = child_env(old)
         _check_package(old_env, out_dir, str(old / "neurarch_trace"))
         commands[f"neurarch-trace {old_release.VERSION} (PyPI)"] = (
-            exe + target + ["-o", os.path.join(out_dir, "d.neurarch.json")], old_env, out_dir)
+            exe + target + ["-o", os.path.join(out_dir, "d.neurarch.json")], old_env)
     try:
         import torchinfo  # noqa: F401
     except ImportError:
         return commands
     commands["torchinfo script"] = ([sys.executable, "-c",
-                                     TORCHINFO_SCRIPT.format(models=str(ROOT / "examples" / "models"))], env, out_dir)
+                                     TORCHINFO_SCRIPT.format(models=str(ROOT / "examples" / "models"))], env)
     return commands
 
 
@@ -271,11 +270,11 @@ def _check_package(env: Dict[str, str], cwd: str, folder: str) -> None:
         raise SystemExit(f"the cold-start child imports neurarch_trace from {found or 'nowhere'}, not from {folder}")
 
 
-def _run_child(command: Command) -> Tuple[float, float]:
-    """Wall seconds and CPU seconds (user + system) of one child process."""
+def _run_child(command: Command, cwd: str) -> Tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one child process run in ``cwd``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(command[0], check=True, capture_output=True, env=command[1], cwd=command[2])
+    subprocess.run(command[0], check=True, capture_output=True, env=command[1], cwd=cwd)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -286,12 +285,12 @@ def bench_cli(repeats: int, old: Optional[Path] = None) -> List[dict]:
         commands = cli_commands(tmp, old)
         names = list(commands)
         for name in names:  # warm the file cache (and write this package's bytecode)
-            _run_child(commands[name])
+            _run_child(commands[name], tmp)
         walls: Dict[str, List[float]] = {n: [] for n in names}
         cpus: Dict[str, List[float]] = {n: [] for n in names}
         for r in range(repeats):
             for name in names[r % len(names):] + names[: r % len(names)]:
-                wall, cpu = _run_child(commands[name])
+                wall, cpu = _run_child(commands[name], tmp)
                 walls[name].append(wall)
                 cpus[name].append(cpu)
     rows = []

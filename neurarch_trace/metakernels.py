@@ -34,20 +34,15 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
+from torch._prims_common import get_computation_dtype as _acc
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["MetaKernels", "MetaKernelMode", "SHORTCUTS", "worth_a_mode"]
 
 _aten = torch.ops.aten
 _FLOATING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-_LOW = frozenset({torch.float16, torch.bfloat16})
 #: Plain tensors and parameters (a subclass may carry a layout or dtype rule of its own).
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    """The dtype PyTorch's reductions accumulate in (``torch._prims_common.get_computation_dtype``)."""
-    return torch.float32 if dtype in _LOW else dtype
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -76,9 +71,22 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
 
 
+def _shaped(t: Any, shape: tuple) -> bool:
+    """A plain floating meta tensor of exactly ``shape``."""
+    return type(t) in _PLAIN and t.is_meta and tuple(t.shape) == shape and t.dtype in _FLOATING
+
+
 def _per_channel(t: Optional[torch.Tensor], channels: int) -> bool:
-    return t is None or (type(t) in _PLAIN and t.is_meta and t.dim() == 1 and t.shape[0] == channels
-                         and t.dtype in _FLOATING)
+    return t is None or _shaped(t, (channels,))
+
+
+def _statistics(input: Any, normalized_shape: Any) -> Optional[tuple]:
+    """LayerNorm's statistics shape, ``input.shape[:-k] + (1,) * k``, for a dense input whose last
+    ``k`` dims are ``normalized_shape``; None otherwise."""
+    k = len(normalized_shape)
+    if not _dense(input) or k == 0 or k > input.dim() or tuple(input.shape[-k:]) != tuple(normalized_shape):
+        return None
+    return tuple(input.shape[:-k]) + (1,) * k
 
 
 def _batch_norm(input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: Any,
@@ -121,14 +129,9 @@ def _batch_norm_backward(grad_out: Any, input: Any, weight: Any, running_mean: A
 def _layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Any = 1e-5) -> Any:
     """``aten.native_layer_norm``: ``(output like input, mean, rstd)``, the statistics of shape
     ``input.shape[:-k] + (1,) * k`` in the accumulation dtype."""
-    k = len(normalized_shape)
-    if not _dense(input) or k == 0 or k > input.dim() or tuple(input.shape[-k:]) != tuple(normalized_shape):
+    stats = _statistics(input, normalized_shape)
+    if stats is None or not all(t is None or _shaped(t, tuple(normalized_shape)) for t in (weight, bias)):
         return None
-    for t in (weight, bias):
-        if t is not None and (type(t) not in _PLAIN or not t.is_meta or tuple(t.shape) != tuple(normalized_shape)
-                              or t.dtype not in _FLOATING):
-            return None
-    stats = tuple(input.shape[:-k]) + (1,) * k
     acc = _acc(input.dtype)
     return _like(input), _new(stats, acc), _new(stats, acc)
 
@@ -137,20 +140,16 @@ def _layer_norm_backward(grad_out: Any, input: Any, normalized_shape: Any, mean:
                          bias: Any, output_mask: Any) -> Any:
     """``aten.native_layer_norm_backward``: ``(grad_input like input, grad_weight like weight,
     grad_bias like bias)``, each only where the mask asks."""
-    k = len(normalized_shape)
-    if not _dense(input) or k == 0 or k > input.dim() or tuple(input.shape[-k:]) != tuple(normalized_shape):
+    stats = _statistics(input, normalized_shape)
+    if stats is None or type(grad_out) not in _PLAIN or not _same(grad_out, input):
         return None
-    if type(grad_out) not in _PLAIN or not _same(grad_out, input):
+    if not (_shaped(mean, stats) and _shaped(rstd, stats)):
         return None
-    stats = tuple(input.shape[:-k]) + (1,) * k
-    for t in (mean, rstd):
-        if type(t) not in _PLAIN or not t.is_meta or tuple(t.shape) != stats:
-            return None
     out = []
     for wanted, t in ((output_mask[1], weight), (output_mask[2], bias)):
         if not wanted:
             out.append(None)
-        elif type(t) in _PLAIN and t.is_meta and tuple(t.shape) == tuple(normalized_shape) and t.dtype in _FLOATING:
+        elif _shaped(t, tuple(normalized_shape)):
             out.append(_like(t))
         else:
             return None
