@@ -73,6 +73,32 @@ def test_a_trace_imports_no_dynamo_and_no_http_client(tmp_path, device):
 
 
 @pytest.mark.slow
+def test_the_model_code_runs_with_the_collector_on_and_the_imports_frozen(tmp_path):
+    """The CLI turns the garbage collector off while torch imports and back on after: the model's
+    own code (import, build, forward) runs with it on, torch's objects frozen out of it."""
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import gc, json, pathlib
+        from torch import nn
+        seen = {"import": [gc.isenabled(), gc.get_freeze_count()]}
+        class Net(nn.Linear):
+            def __init__(self):
+                super().__init__(4, 2)
+                seen["build"] = [gc.isenabled(), gc.get_freeze_count()]
+            def forward(self, x):
+                seen["forward"] = [gc.isenabled(), gc.get_freeze_count()]
+                pathlib.Path("seen.json").write_text(json.dumps(seen))
+                return super().forward(x)
+    """))
+    proc = run_subprocess(["neurarch-trace", "m.py:Net", "--input", "1,4", "-o", "-", "--no-training-step",
+                           "--device", "cpu"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["import"][0] and seen["build"][0], seen
+    assert seen["forward"][0] is False  # the trace pauses it (gc_paused): its records live to its end
+    assert min(count for _, count in seen.values()) > 100_000, seen  # torch's objects, frozen
+
+
+@pytest.mark.slow
 def test_the_quick_exit_keeps_exit_codes_output_and_atexit_handlers(tmp_path):
     (tmp_path / "m.py").write_text(textwrap.dedent("""
         import atexit, pathlib
