@@ -53,7 +53,7 @@ HF_CLASS_DEFAULT = "AutoModel"
 #: ``--device`` choices, each with what it means (the help lists them in this order).
 DEVICES: Dict[str, str] = {
     "auto": "the default: built on PyTorch's meta device first and traced there; with --no-training-step, "
-            "traced on the CPU when its weights take at most 256 MiB; on the CPU with a note when the forward "
+            "traced on the CPU when its weights take at most 64 MiB; on the CPU with a note when the forward "
             "needs real values (cpu with --weights)",
     "cpu": "the CPU",
     "meta": "PyTorch's meta device: shapes, parameters and FLOPs without allocating weights or activations "

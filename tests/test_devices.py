@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import EXAMPLES
 from helpers import run_cli as cli
 from test_closed_form import ARCHITECTURES, FIXTURES
 from torch import nn
@@ -200,6 +201,24 @@ def test_auto_traces_on_meta_with_the_step_and_a_small_model_on_the_cpu_without(
     big = read(models / "big.json")
     assert big["measured"]["device"] == "meta"
     assert without_device(big) == without_device(read(models / "c.json"))
+
+
+@pytest.mark.slow
+def test_auto_without_the_step_keeps_the_cpu_for_models_up_to_64_mib(tmp_path, capfd):
+    # ResNet-18's 11.7M float32 parameters (47 MB) are built on the CPU, ResNet-50's 25.6M (102 MB)
+    # on meta (api.AUTO_META_BYTES); the graphs are the same either way
+    graphs = {}
+    for attr in ("ResNet18", "ResNet50"):
+        for device in ("auto", "meta" if attr == "ResNet18" else "cpu"):
+            code, _, err = cli([str(EXAMPLES / "resnet.py") + ":" + attr, "--input", "1,3,64,64", "--no-training-step",
+                                "--device", device, "-o", f"{attr}-{device}.json"], tmp_path, capfd)
+            assert code == 0 and err.count("\n") == 1, err
+            graphs[attr, device] = read(tmp_path / f"{attr}-{device}.json")
+    assert graphs["ResNet18", "auto"]["measured"]["device"] == "cpu"
+    assert graphs["ResNet50", "auto"]["measured"]["device"] == "meta"
+    assert graphs["ResNet18", "auto"]["measured"]["params"] == 11_689_512  # torchvision's resnet18
+    assert without_device(graphs["ResNet18", "auto"]) == without_device(graphs["ResNet18", "meta"])
+    assert without_device(graphs["ResNet50", "auto"]) == without_device(graphs["ResNet50", "cpu"])
 
 
 POSITIONS = """
