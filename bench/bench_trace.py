@@ -404,10 +404,42 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
+def check_arguments(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with the command line, in one line that says what to do, or None: a round
+    count below 1, a ``--only`` that names no model, a ``--json`` path that is a folder or whose
+    folder does not exist (checked before the benchmark runs for minutes)."""
+    if args.repeats < 1 or args.cli_repeats < 1:
+        return "--repeats and --cli-repeats take a whole number of rounds, at least 1"
+    if args.only is not None and not args.cli_only:
+        labels = [label for label, _ in models()]
+        if not any(args.only in label for label in labels):
+            return f"--only {args.only!r} names no model; give part of one of: " + ", ".join(labels)
+    if args.json:
+        target = Path(args.json)
+        if target.is_dir():
+            return f"--json {args.json} is a folder; give a file path such as {target / 'trace.json'}"
+        if not target.parent.is_dir():
+            return f"--json {args.json}: the folder {target.parent} does not exist; create it or give another path"
+    return None
+
+
+def write_json(target: Path, results: Dict[str, Any]) -> None:
+    """Write ``results`` to ``target`` whole or not at all: a temporary file beside it, then
+    ``os.replace`` (an interrupted write leaves the previous file as it was)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(results, indent=2) + "\n")
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=25)
-    parser.add_argument("--cli-repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=25, help="timed rounds per model (at least 1)")
+    parser.add_argument("--cli-repeats", type=int, default=5, help="runs of each cold command (at least 1)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with process CPU time and one torch thread (for a shared machine)")
@@ -418,6 +450,10 @@ def main() -> None:
     parser.add_argument("--no-old-release", action="store_true",
                         help=f"leave out neurarch-trace {old_release.VERSION} (else fetched once with pip)")
     args = parser.parse_args()
+    problem = check_arguments(args)
+    if problem:
+        print(f"bench_trace.py: {problem}", file=sys.stderr)
+        sys.exit(1)
     global CLOCK
     if args.cpu_time:
         CLOCK = time.process_time
@@ -443,8 +479,7 @@ def main() -> None:
         results["peak_rss_gib_this_process"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
     results["load_at_end"] = list(os.getloadavg())
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        write_json(Path(args.json), results)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""bench/bench_trace.py refuses a bad command line before it runs for minutes, in one line, and
+writes its JSON whole or not at all."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import bench_trace  # noqa: E402
+
+
+def _args(**overrides: object) -> argparse.Namespace:
+    values = dict(repeats=25, cli_repeats=5, json=None, only=None, cli_only=False)
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_good_arguments_pass() -> None:
+    assert bench_trace.check_arguments(_args()) is None
+    assert bench_trace.check_arguments(_args(only="ResNet-50", repeats=1, cli_repeats=1)) is None
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (dict(repeats=0), "--repeats and --cli-repeats"),
+    (dict(repeats=-3), "at least 1"),
+    (dict(cli_repeats=0), "at least 1"),
+    (dict(only="NoSuchModel"), "'NoSuchModel' names no model; give part of one of: ResNet-50 (1x3x224x224), "),
+])
+def test_bad_rounds_and_models_are_refused(overrides: dict, expected: str) -> None:
+    problem = bench_trace.check_arguments(_args(**overrides))
+    assert problem is not None and expected in problem and "\n" not in problem
+
+
+def test_a_json_path_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
+    problem = bench_trace.check_arguments(_args(json=str(tmp_path)))
+    assert problem == f"--json {tmp_path} is a folder; give a file path such as {tmp_path / 'trace.json'}"
+    missing = tmp_path / "no" / "such" / "out.json"
+    problem = bench_trace.check_arguments(_args(json=str(missing)))
+    assert problem is not None and f"the folder {missing.parent} does not exist" in problem
+    assert not missing.parent.exists()
+
+
+def test_the_json_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    target = tmp_path / "trace.json"
+    bench_trace.write_json(target, {"clock": "wall clock", "load_at_start": [0.5, 0.25, 0.0]})
+    assert json.loads(target.read_text()) == {"clock": "wall clock", "load_at_start": [0.5, 0.25, 0.0]}
+    with pytest.raises(TypeError):  # not serialisable: raised while writing the temporary file
+        bench_trace.write_json(target, {"clock": object()})
+    assert json.loads(target.read_text())["clock"] == "wall clock"  # the previous file, untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]  # no temporary file left behind
+
+
+def test_the_script_says_it_in_one_line_and_exits_1(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_trace.py"), "--repeats", "0",
+                             "--json", str(tmp_path / "out.json")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr == "bench_trace.py: --repeats and --cli-repeats take a whole number of rounds, at least 1\n"
+    assert result.stdout == "" and not (tmp_path / "out.json").exists()
