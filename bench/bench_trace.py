@@ -211,9 +211,10 @@ def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Pat
                 row["old_release_bare_seconds"] = old_seconds[RUNNERS[0][0]]
         rows.append(row)
         shown = "  ".join(f"{k} {v * 1e3:.1f} ms ({ratio[k]:.3f}x, best {best[k]:.3f}x)" for k, v in seconds.items())
-        versus = "; ".join(f"{peer} {p['median_ms']:+.1f} ms [{p['interval_ms'][0]:+.1f}, {p['interval_ms'][1]:+.1f}],"
+        versus = "; ".join(f"minus {peer} {p['median_ms']:+.1f} ms "
+                           f"[{p['interval_ms'][0]:+.1f}, {p['interval_ms'][1]:+.1f}],"
                            f" faster in {p['rounds_faster']}/{p['rounds']}" for peer, p in paired.items())
-        print(f"{label:34s} {shown}\n{'':34s} trace minus {versus}", flush=True)
+        print(f"{label:34s} {shown}\n{'':34s} trace {versus}", flush=True)
     return rows
 
 
@@ -281,6 +282,8 @@ def _run_child(command: Command, cwd: str) -> Tuple[float, float]:
 
 
 def bench_cli(repeats: int, old: Optional[Path] = None) -> List[dict]:
+    print("command line, cold: examples/models/resnet.py:ResNet50 --input 1,3,224,224, "
+          f"medians of {repeats} alternating runs", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         commands = cli_commands(tmp, old)
         names = list(commands)
@@ -408,8 +411,11 @@ def check_arguments(args: argparse.Namespace) -> Optional[str]:
     """What is wrong with the command line, in one line that says what to do, or None: a round
     count below 1, a ``--only`` that names no model, a ``--json`` path that is a folder or whose
     folder does not exist (checked before the benchmark runs for minutes)."""
-    if args.repeats < 1 or args.cli_repeats < 1:
-        return "--repeats and --cli-repeats take a whole number of rounds, at least 1"
+    for flag, value in (("--repeats", args.repeats), ("--cli-repeats", args.cli_repeats)):
+        if value < 1:
+            return f"{flag} {value}: give a whole number of rounds, at least 1"
+    if args.cli_only and args.skip_cli:
+        return "--cli-only and --skip-cli leave nothing to run; give one of them"
     if args.only is not None and not args.cli_only:
         labels = [label for label, _ in models()]
         if not any(args.only in label for label in labels):
@@ -418,8 +424,16 @@ def check_arguments(args: argparse.Namespace) -> Optional[str]:
         target = Path(args.json)
         if target.is_dir():
             return f"--json {args.json} is a folder; give a file path such as {target / 'trace.json'}"
+        if target.parent.exists() and not target.parent.is_dir():
+            return f"--json {args.json}: {target.parent} is a file, not a folder; give another path"
         if not target.parent.is_dir():
             return f"--json {args.json}: the folder {target.parent} does not exist; create it or give another path"
+        try:  # a folder the benchmark could not write in fails now, not after minutes of timing
+            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            return f"--json {args.json}: cannot write in {target.parent} ({exc.strerror}); give another path"
     return None
 
 
@@ -430,14 +444,25 @@ def write_json(target: Path, results: Dict[str, Any]) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(results, indent=2) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the file a plain open() would make
         os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)
         raise
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in one line on stderr and exit status 1."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"bench_trace.py: {message}; see --help", file=sys.stderr)
+        sys.exit(1)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _Parser(description=" ".join(__doc__.split("\n\n", 1)[0].split()))
     parser.add_argument("--repeats", type=int, default=25, help="timed rounds per model (at least 1)")
     parser.add_argument("--cli-repeats", type=int, default=5, help="runs of each cold command (at least 1)")
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -479,7 +504,12 @@ def main() -> None:
         results["peak_rss_gib_this_process"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
     results["load_at_end"] = list(os.getloadavg())
     if args.json:
-        write_json(Path(args.json), results)
+        try:
+            write_json(Path(args.json), results)
+        except OSError as exc:
+            print(f"bench_trace.py: could not write {args.json} ({exc.strerror}); the results are above",
+                  file=sys.stderr)
+            sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import bench_trace  # noqa: E402
 
 
 def _args(**overrides: object) -> argparse.Namespace:
-    values = dict(repeats=25, cli_repeats=5, json=None, only=None, cli_only=False)
+    values = dict(repeats=25, cli_repeats=5, json=None, only=None, cli_only=False, skip_cli=False)
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -28,9 +29,10 @@ def test_good_arguments_pass() -> None:
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (dict(repeats=0), "--repeats and --cli-repeats"),
-    (dict(repeats=-3), "at least 1"),
-    (dict(cli_repeats=0), "at least 1"),
+    (dict(repeats=0), "--repeats 0: give a whole number of rounds, at least 1"),
+    (dict(repeats=-3), "--repeats -3: give"),
+    (dict(cli_repeats=0), "--cli-repeats 0: give"),
+    (dict(cli_only=True, skip_cli=True), "--cli-only and --skip-cli leave nothing to run"),
     (dict(only="NoSuchModel"), "'NoSuchModel' names no model; give part of one of: ResNet-50 (1x3x224x224), "),
 ])
 def test_bad_rounds_and_models_are_refused(overrides: dict, expected: str) -> None:
@@ -45,12 +47,22 @@ def test_a_json_path_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
     problem = bench_trace.check_arguments(_args(json=str(missing)))
     assert problem is not None and f"the folder {missing.parent} does not exist" in problem
     assert not missing.parent.exists()
+    a_file = tmp_path / "r.json"
+    a_file.write_text("{}")
+    problem = bench_trace.check_arguments(_args(json=str(a_file / "x.json")))
+    assert problem == f"--json {a_file / 'x.json'}: {a_file} is a file, not a folder; give another path"
+    problem = bench_trace.check_arguments(_args(json="/proc/out.json"))  # a folder nobody can write in
+    assert problem is not None and problem.startswith("--json /proc/out.json: cannot write in /proc (")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # the probe left nothing behind
 
 
 def test_the_json_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     target = tmp_path / "trace.json"
     bench_trace.write_json(target, {"clock": "wall clock", "load_at_start": [0.5, 0.25, 0.0]})
     assert json.loads(target.read_text()) == {"clock": "wall clock", "load_at_start": [0.5, 0.25, 0.0]}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # as open() would make it, not mkstemp's 0600
     with pytest.raises(TypeError):  # not serialisable: raised while writing the temporary file
         bench_trace.write_json(target, {"clock": object()})
     assert json.loads(target.read_text())["clock"] == "wall clock"  # the previous file, untouched
@@ -62,5 +74,9 @@ def test_the_script_says_it_in_one_line_and_exits_1(tmp_path: Path) -> None:
                              "--json", str(tmp_path / "out.json")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
-    assert result.stderr == "bench_trace.py: --repeats and --cli-repeats take a whole number of rounds, at least 1\n"
+    assert result.stderr == "bench_trace.py: --repeats 0: give a whole number of rounds, at least 1\n"
     assert result.stdout == "" and not (tmp_path / "out.json").exists()
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_trace.py"), "--repeats", "abc"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr == "bench_trace.py: argument --repeats: invalid int value: 'abc'; see --help\n"
