@@ -69,6 +69,7 @@ from torch import nn
 from trace_models import ROOT, Call, best_ratio, child_env, models, rounds, summarise
 
 from neurarch_trace import read_graph, trace_model, write_graph  # noqa: E402
+from neurarch_trace.contract.files import unwritable_folder, write_text  # noqa: E402
 from neurarch_trace.trace.closed_form import reference_path  # noqa: E402
 
 #: The clock the timings read: the wall clock, or this process's CPU time with ``--cpu-time``.
@@ -409,8 +410,9 @@ def machine() -> str:
 
 def check_arguments(args: argparse.Namespace) -> Optional[str]:
     """What is wrong with the command line, in one line that says what to do, or None: a round
-    count below 1, a ``--only`` that names no model, a ``--json`` path that is a folder or whose
-    folder does not exist (checked before the benchmark runs for minutes)."""
+    count below 1, ``--cli-only`` with ``--skip-cli``, a ``--only`` that names no model, a
+    ``--json`` path that is a folder, or whose folder is a file, does not exist or takes no new
+    file (checked before the benchmark runs for minutes)."""
     for flag, value in (("--repeats", args.repeats), ("--cli-repeats", args.cli_repeats)):
         if value < 1:
             return f"{flag} {value}: give a whole number of rounds, at least 1"
@@ -424,33 +426,20 @@ def check_arguments(args: argparse.Namespace) -> Optional[str]:
         target = Path(args.json)
         if target.is_dir():
             return f"--json {args.json} is a folder; give a file path such as {target / 'trace.json'}"
-        if target.parent.exists() and not target.parent.is_dir():
+        if target.parent.is_file():
             return f"--json {args.json}: {target.parent} is a file, not a folder; give another path"
         if not target.parent.is_dir():
             return f"--json {args.json}: the folder {target.parent} does not exist; create it or give another path"
-        try:  # a folder the benchmark could not write in fails now, not after minutes of timing
-            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
-            return f"--json {args.json}: cannot write in {target.parent} ({exc.strerror}); give another path"
+        reason = unwritable_folder(str(target.parent))
+        if reason is not None:
+            return f"--json {args.json}: cannot write in {target.parent} ({reason}); give another path"
     return None
 
 
 def write_json(target: Path, results: Dict[str, Any]) -> None:
-    """Write ``results`` to ``target`` whole or not at all: a temporary file beside it, then
-    ``os.replace`` (an interrupted write leaves the previous file as it was)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(results, indent=2) + "\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the file a plain open() would make
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Write ``results`` to ``target`` whole or not at all (:func:`write_text`, as graphs are
+    written: an interrupted write leaves the previous file as it was)."""
+    write_text(json.dumps(results, indent=2) + "\n", target)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -507,8 +496,7 @@ def main() -> None:
         try:
             write_json(Path(args.json), results)
         except OSError as exc:
-            print(f"bench_trace.py: could not write {args.json} ({exc.strerror}); the results are above",
-                  file=sys.stderr)
+            print(f"bench_trace.py: {exc.strerror or exc}; the results are above", file=sys.stderr)
             sys.exit(1)
 
 

@@ -19,6 +19,7 @@ from neurarch_trace.contract.validate import check_graph
 from neurarch_trace.errors import GraphError, NeurarchError
 
 __all__ = ["check_output_path", "default_graph_path", "dumps_graph", "read_graph", "unwritable_folder", "write_error",
+           "write_text",
            "write_graph"]
 
 #: The file name ending of a graph.
@@ -78,7 +79,18 @@ def write_graph(graph: dict, path: str | os.PathLike[str], *, validate: bool = T
     """
     if validate:
         check_graph(graph)
-    text = dumps_graph(graph)
+    return write_text(dumps_graph(graph), path)
+
+
+def write_text(text: str, path: str | os.PathLike[str]) -> str:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all, as :func:`write_graph` writes a
+    graph, and return the path written: a temporary file in the same folder, flushed to disk, made
+    0644 and renamed over ``path``; a device or a pipe is written into.
+
+    Raises:
+        OSError: the folder does not exist, ``path`` is a folder, or the folder is not writable;
+            its ``strerror`` is one sentence naming ``path``.
+    """
     p = os.fspath(path)
     if _special(p):  # a device, a pipe (/dev/null, /dev/stdout, a FIFO): written into, never replaced
         try:
