@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from neurarch_trace.errors import TargetError, is_out_of_memory
-from neurarch_trace.text import error_line
+from neurarch_trace.text import error_line, install_hint
 
 __all__ = ["LoadedTarget", "OpenedTarget", "load_target", "open_target", "resolve_attribute", "HF_DEFAULT_INPUT"]
 
@@ -366,7 +366,7 @@ def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: 
         import transformers
     except ImportError as exc:
         raise TargetError(
-            "hf: targets need the transformers package: pip install 'neurarch-trace[hf]'"
+            f"hf: targets need the transformers package: {install_hint('transformers', 'hf')}"
         ) from exc
     if quiet:
         transformers.logging.set_verbosity_error()

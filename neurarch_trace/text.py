@@ -14,6 +14,7 @@ __all__ = [
     "error_line",
     "flops",
     "gb",
+    "install_hint",
     "one_line",
     "plural",
     "printable",
@@ -150,3 +151,11 @@ def error_line(exc: BaseException) -> str:
     if len(first) > LONG_LINE and ". " in first:
         first = first.split(". ", 1)[0] + "."
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def install_hint(packages: str, extra: str) -> str:
+    """How to install what a feature is missing: ``pip install transformers (or pip install -e
+    '.[hf]' in the neurarch-trace checkout)``. The extra is named through the checkout, never as
+    ``neurarch-trace[hf]``: that PyPI name belongs to an older, unrelated release, whose wheel pip
+    would fetch instead."""
+    return f"pip install {packages} (or pip install -e '.[{extra}]' in the neurarch-trace checkout)"

@@ -401,6 +401,11 @@ class Net(nn.Module):
         (["good.py:raises", "--input", "1,4", "--name", "x" * 300],  # refused before the factory runs
          "cannot write " + "x" * 60 + "...: the file name is longer than 255 bytes; give a shorter -o or --name"),
         (["good.py:raises", "--input", "1,4", "-o", "y" * 300 + ".json"], "the file name is longer than 255 bytes"),
+        # a name that names no file: refused before the factory runs, not written to model.neurarch.json
+        (["good.py:raises", "--input", "1,4", "--name", "\U0001f680\U0001f680"],
+         "--name '\U0001f680\U0001f680' has no letter or digit to name the graph's file after; give a name with "
+         "one, or -o FILE as well"),
+        (["good.py:raises", "--input", "1,4", "--name", "..."], "--name '...' has no letter or digit"),
         (["good.py:raises", "--input", "1,4", "-o", "dangling"], "cannot write dangling: folder "),
         (["pkg/model.py:Net", "--input", "1,4"],
          "importing pkg/model.py failed: ImportError: attempted relative import with no known parent package; a "
@@ -493,7 +498,8 @@ def test_hf_without_transformers(tmp_path):
     )
     assert proc.returncode == 1
     assert proc.stderr == (
-        "neurarch-trace: hf: targets need the transformers package: pip install 'neurarch-trace[hf]'\n"
+        "neurarch-trace: hf: targets need the transformers package: pip install transformers "
+        "(or pip install -e '.[hf]' in the neurarch-trace checkout)\n"
     )
 
 

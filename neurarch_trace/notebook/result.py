@@ -29,7 +29,7 @@ from typing import Any
 from neurarch_trace.contract import graph_summary
 from neurarch_trace.errors import NeurarchError
 from neurarch_trace.notebook.render import layer_rows, result_text, static_html, summary_lines
-from neurarch_trace.text import plural
+from neurarch_trace.text import install_hint, plural
 
 __all__ = ["NeurarchResult", "SIZING_OPTIONS", "layer_rows", "widget_frontend"]
 
@@ -253,7 +253,7 @@ class NeurarchResult:
                 from neurarch_trace.notebook.widget import NeurarchWidget
             except ImportError as exc:
                 raise ImportError(
-                    "the neurarch widget needs anywidget: pip install 'neurarch-trace[notebook]' "
+                    f"the neurarch widget needs anywidget: {install_hint('anywidget', 'notebook')} "
                     "(the result's text and HTML displays work without it)"
                 ) from exc
             self._widget = NeurarchWidget(self)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from neurarch_trace.errors import NeurarchError
+from neurarch_trace.text import install_hint
 
 __all__ = ["PlanService", "start_plan_service"]
 
@@ -101,7 +102,7 @@ def start_plan_service(
         sock.close()
         raise NeurarchError(
             f"the local plan service needs FastAPI and uvicorn ({exc.name} is missing): "
-            "pip install 'neurarch-trace[notebook]'; until then plans in this kernel go nowhere"
+            f"{install_hint('fastapi uvicorn platformdirs', 'notebook')}; until then plans in this kernel go nowhere"
         ) from None
     shared = public_url(port) if callable(public_url) else public_url
     db = db_path or Path(tempfile.mkdtemp(prefix="neurarch-service-")) / "shares.sqlite3"

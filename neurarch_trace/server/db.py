@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
+from neurarch_trace.text import install_hint
+
 __all__ = ["Database", "DatabaseError", "open_database"]
 
 #: Seconds a SQLite writer waits for another writer's lock before giving up.
@@ -175,7 +177,7 @@ class PostgresDatabase(Database):
             from psycopg_pool import ConnectionPool
         except ImportError as exc:
             raise DatabaseError(f"PostgreSQL needs psycopg ({exc.name} is missing): "
-                                "pip install 'neurarch-trace[server]'") from exc
+                                + install_hint("'psycopg[binary]' psycopg-pool", "server")) from exc
         from psycopg_pool import PoolTimeout
 
         self._errors = (psycopg.Error,)
