@@ -368,10 +368,33 @@ def test_serve_with_postgresql_down_is_one_line_with_the_reason(capsys: pytest.C
     assert "Connection refused" in err
 
 
-def test_serve_bad_option_is_one_line(capsys: pytest.CaptureFixture) -> None:
-    assert serve_main(["--public-url", "ftp://x"]) == 1
-    assert capsys.readouterr().err == ("neurarch-trace: --public-url: Value error, public_url must be an http(s) URL "
-                                       "without query or fragment\n")
+@pytest.mark.parametrize("argv, message", [
+    (["--public-url", "ftp://x"], "--public-url: must be an http(s) URL without a query or fragment"),
+    (["--port", "-5"], "--port: must be greater than or equal to 0, not -5"),
+    (["--port", "70000"], "--port: must be less than or equal to 65535, not 70000"),
+    (["--workers", "0"], "--workers: must be greater than or equal to 1, not 0"),
+    (["--forwarded-allow-ips", "10.0.0.1, garbage"],
+     "--forwarded-allow-ips: 'garbage' is not an IP address or network (e.g. 10.0.0.1, 10.0.0.0/8, or * for any)"),
+    (["--db", "http://x"], "--db: the database must be a file path, sqlite:///PATH or postgresql://..."),
+    # argparse's own refusals: one line and exit 1 too, as the trace and plan commands give them
+    (["--port", "abc"], "argument --port: invalid int value: 'abc' (see neurarch-trace serve --help)"),
+    (["--bogus"], "unrecognized arguments: --bogus (see neurarch-trace serve --help)"),
+    (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud' (choose from 'critical', 'error', "
+                              "'warning', 'info', 'debug') (see neurarch-trace serve --help)"),
+])
+def test_serve_bad_option_is_one_line(argv: list, message: str, capsys: pytest.CaptureFixture) -> None:
+    try:
+        code = serve_main(argv)
+    except SystemExit as exc:  # argparse exits itself
+        code = exc.code
+    assert code == 1
+    assert capsys.readouterr().err == f"neurarch-trace: {message}\n"
+
+
+def test_serve_takes_proxy_addresses_and_networks() -> None:
+    from neurarch_trace.server.settings import Settings
+
+    assert Settings(forwarded_allow_ips="10.0.0.1, 10.0.0.0/8,::1,*").forwarded_allow_ips == "10.0.0.1,10.0.0.0/8,::1,*"
 
 
 @pytest.mark.slow  # a service process started and stopped: the full run's
@@ -432,7 +455,7 @@ def test_serve_bad_duration_and_database_are_one_line(capsys: pytest.CaptureFixt
     assert serve_main(["--share-ttl", "soon"]) == 1
     assert capsys.readouterr().err == "neurarch-trace: --share-ttl: 'soon' is not a duration (e.g. 3600, 12h, 30d)\n"
     assert serve_main(["--db", "mysql://x/y"]) == 1
-    assert capsys.readouterr().err == ("neurarch-trace: --db: Value error, the database must be a file path, "
+    assert capsys.readouterr().err == ("neurarch-trace: --db: the database must be a file path, "
                                        "sqlite:///PATH or postgresql://...\n")
 
 

@@ -18,17 +18,27 @@ import errno
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
+
+from neurarch_trace.text import install_hint
 
 __all__ = ["build_parser", "serve_main"]
 
 KEYS_ENV = "NEURARCH_SERVER_API_KEYS"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line on stderr and exit code 1, as every other
+    ``neurarch-trace`` command has it (``console.Parser``, which the service does not import)."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(1, f"neurarch-trace: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser(prog: str = "neurarch-trace serve") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description="Run the reference plan service (POST /api/v1/plan, share pages at /p/<id>).",
     )
@@ -117,6 +127,20 @@ def _options(args: argparse.Namespace, keys: list[str]) -> dict[str, Any]:
     return options
 
 
+def _validation_message(error: Mapping[str, Any]) -> str:
+    """pydantic's first complaint about the settings in the command line's words: the flag, what
+    it must be, and what it got (``--port: must be less than or equal to 65535, not 70000``)."""
+    field = str(error["loc"][0]) if error.get("loc") else ""
+    where = _FLAGS.get(field, "--" + field.replace("_", "-")) if field else "an option"
+    reason = str(error.get("msg", "is not valid"))
+    if reason.startswith("Value error, "):  # a validator's own sentence
+        return f"{where}: {reason[len('Value error, '):]}"
+    if reason.startswith("Input should be "):
+        reason = "must be " + reason[len("Input should be "):]
+    given = error.get("input")
+    return f"{where}: {reason}, not {given!r}" if isinstance(given, (int, float, str)) else f"{where}: {reason}"
+
+
 def serve_main(argv: Sequence[str]) -> int:
     """Run ``neurarch-trace serve`` with ``argv`` (the words after ``serve``); the exit status."""
     args = build_parser().parse_args(list(argv))
@@ -129,7 +153,7 @@ def serve_main(argv: Sequence[str]) -> int:
         from neurarch_trace.server.transport import bind_socket, build_server
     except ImportError as exc:
         return _fail(f"the plan service needs the server extra ({exc.name} is missing): "
-                     "pip install 'neurarch-trace[server]'")
+                     f"{install_hint('fastapi uvicorn platformdirs', 'server')}")
     try:
         keys = _keys(args)
     except OSError as exc:
@@ -141,10 +165,7 @@ def serve_main(argv: Sequence[str]) -> int:
     except ValueError as exc:
         if not isinstance(exc, ValidationError):
             return _fail(str(exc))
-        first = exc.errors()[0]
-        field = str(first["loc"][0]) if first.get("loc") else ""
-        where = _FLAGS.get(field, "--" + field.replace("_", "-")) if field else "an option"
-        return _fail(f"{where}: {first['msg']}")
+        return _fail(_validation_message(exc.errors()[0]))
 
     try:
         sock = bind_socket(settings.host, settings.port)

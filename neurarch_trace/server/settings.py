@@ -8,6 +8,7 @@ One field, ``database_url``, says where shares, rate-limit buckets and quotas li
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Optional
@@ -116,8 +117,24 @@ class Settings(BaseModel):
             return None
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-            raise ValueError("public_url must be an http(s) URL without query or fragment")
+            raise ValueError("must be an http(s) URL without a query or fragment")
         return value.rstrip("/")
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _check_proxies(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return None
+        items = [item.strip() for item in value.split(",")]
+        for item in items:
+            if item == "*":
+                continue
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or network (e.g. 10.0.0.1, 10.0.0.0/8, or * for "
+                                 "any)") from None
+        return ",".join(items)
 
     @field_validator("api_keys")
     @classmethod
