@@ -32,6 +32,7 @@ from neurarch_trace.contract import (
     default_graph_path,
     dumps_graph,
     layer_count,
+    named_graph_path,
     unwritable_folder,
     write_error,
     write_graph,
@@ -76,7 +77,8 @@ def build_plan_parser() -> argparse.ArgumentParser:
         description="Re-plan a saved .neurarch.json graph without tracing again: send it to the plan "
         "service (NEURARCH_API, default www.neurarch.com) and print the card it returns.",
         epilog="Exit codes: 0 card printed; 1 bad graph file or the plan failed (the graph file is "
-        "untouched); 2 with --fail-on-block when the plan reports a blocker.",
+        "untouched), or --fail-on-block and the plan carries no verdict; 2 with --fail-on-block when the plan "
+        "reports a blocker.",
     )
     plan_cli.add_replan_arguments(parser)
     return parser
@@ -200,7 +202,7 @@ def _trace_command(args: argparse.Namespace) -> int:
         raise NeurarchError("-o needs a file name, e.g. -o model.neurarch.json (or -o - for stdout)")
     out_path = check_output_path(args.output) if not to_stdout and args.output is not None else None
     if args.output is None and args.name:  # ./<name>.neurarch.json, known before the trace
-        check_output_path(default_graph_path(args.name))
+        check_output_path(named_graph_path(args.name))
     elif args.output is None:  # the graph goes to ./<name>.neurarch.json: a folder that takes no file costs no trace
         reason = unwritable_folder(os.getcwd())
         if reason is not None:

@@ -38,7 +38,15 @@ from neurarch_trace.console import say, write_stdout
 from neurarch_trace.contract import read_graph
 from neurarch_trace.errors import NeurarchError
 from neurarch_trace.plan_client import PlanResponse, api_host, request_plan, trace_source, user_agent
-from neurarch_trace.plan_options import PLAN_OPTIONS, PlanChoices, add_options, block_verdict, consent_notice
+from neurarch_trace.plan_options import (
+    PLAN_OPTIONS,
+    REPLAN_SHARE,
+    SHARE,
+    PlanChoices,
+    add_options,
+    block_verdict,
+    consent_notice,
+)
 from neurarch_trace.text import printable
 
 __all__ = ["add_plan_arguments", "add_replan_arguments", "check_plan_arguments", "plan_command", "run_plan",
@@ -63,7 +71,7 @@ def add_replan_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``neurarch-trace plan``: the graph file, every plan option but ``--plan``
     (implied), and ``--verbose``."""
     parser.add_argument("graph", metavar="FILE.neurarch.json", help="the graph to plan")
-    add_options(parser.add_argument, PLAN_OPTIONS[1:])
+    add_options(parser.add_argument, [REPLAN_SHARE if option is SHARE else option for option in PLAN_OPTIONS[1:]])
     parser.add_argument(
         "--verbose", action="store_true", help="on failure, also print the underlying error chain"
     )

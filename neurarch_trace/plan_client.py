@@ -230,6 +230,9 @@ def check_api(api: Optional[str] = None) -> str:
     base_url = api.strip().rstrip("/") if api is not None else api_base()
     source = "the plan service address" if api is not None else "NEURARCH_API"
     fix = f"set NEURARCH_API to one such as {DEFAULT_API}, or unset it"
+    if any(ch.isspace() or not ch.isprintable() for ch in base_url):  # urlsplit keeps them in the host
+        raise PlanError(f"{source} {typed!r} is not an http(s) URL: it contains a space or a control character; "
+                        f"{fix}")
     try:
         parts = urlsplit(base_url)  # raises ValueError for a broken IPv6 literal (http://[::1)
         host = parts.hostname

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -30,6 +31,7 @@ __all__ = [
     "NOTEBOOK_PLAN_OPTIONS",
     "PLAN",
     "PLAN_OPTIONS",
+    "REPLAN_SHARE",
     "SEQ_LEN",
     "SHARE",
     "USD_PER_HOUR",
@@ -91,8 +93,13 @@ def _price(text: str) -> float:
 
 
 def _gpu(text: str) -> str:
+    """A ``--gpu`` value: a card name, with ``xN`` for N of them. Which names exist, and how many
+    cards a plan may use, is the service's table; a count of 0 is refused here, before a trace. (A
+    minus after the x may be part of a name, ``RTX-4090``: the service tells a negative count.)"""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} names no card: give one such as H100, H100x8 or RTX-4090")
+    if re.fullmatch(r".+?\s*[x\u00d7*]\s*0+", text.strip(), flags=re.IGNORECASE):
+        raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for 0 cards: give 1 or more after the x, e.g. H100x8")
     return text.strip()
 
 
@@ -106,6 +113,12 @@ SHARE = Option(("--share",), {
     "action": "store_true",
     "help": "implies --plan; also store the graph and card at a public, unguessable URL (anyone with "
             "the link can open it; never weights or source) and show 'Share: <url>' last",
+})
+#: ``--share`` of ``neurarch-trace plan``, which always plans.
+REPLAN_SHARE = Option(("--share",), {
+    "action": "store_true",
+    "help": "also store the graph and card at a public, unguessable URL (anyone with the link can open it; "
+            "never weights or source) and show 'Share: <url>' last",
 })
 BASE = Option(("--base",), {
     "metavar": "FILE",

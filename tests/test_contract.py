@@ -240,3 +240,46 @@ def test_the_public_graph_module_is_the_contract() -> None:
         assert getattr(graph, name) is getattr(contract, name), name
     for name in ("read_graph", "write_graph", "validate_graph", "check_graph"):
         assert getattr(neurarch_trace, name) is getattr(contract, name), name
+
+
+def test_a_replaced_graph_keeps_its_mode_and_a_new_one_gets_opens(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    clean = doc([node("in", "input", outputShape=[2]), node("out", "output", inputShape=[2])], [("in", "out")])
+    umask = os.umask(0o027)  # a stricter umask than the usual 022: a new file follows it, as open() does
+    try:
+        fresh = write_graph(clean, tmp_path / "new.neurarch.json")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o640
+    for mode in (0o600, 0o444, 0o664):  # made private, read-only, group-writable: each stays so
+        path = tmp_path / f"{mode:o}.neurarch.json"
+        path.write_text("{}")
+        path.chmod(mode)
+        write_graph(clean, path)
+        assert stat.S_IMODE(path.stat().st_mode) == mode
+        assert json.loads(path.read_text()) == clean
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["444.neurarch.json", "600.neurarch.json",
+                                                           "664.neurarch.json", "new.neurarch.json"]
+
+
+def test_a_gzip_graph_reads_as_the_graph_and_bad_bytes_are_one_sentence(tmp_path: Path) -> None:
+    import gzip
+
+    clean = doc([node("in", "input", outputShape=[2]), node("out", "output", inputShape=[2])], [("in", "out")])
+    plain = write_graph(clean, tmp_path / "g.neurarch.json")
+    packed = tmp_path / "g.neurarch.json.gz"
+    packed.write_bytes(gzip.compress(Path(plain).read_bytes()))
+    assert read_graph(packed, strict=True) == clean
+    damaged = tmp_path / "damaged.neurarch.json.gz"
+    damaged.write_bytes(packed.read_bytes()[:20])  # cut short
+    with pytest.raises(GraphError, match=r"^graph file .*damaged\.neurarch\.json\.gz is gzip-compressed but cannot "
+                                         r"be decompressed \(.*\); compress it again or give the \.neurarch\.json "
+                                         r"itself$"):
+        read_graph(damaged)
+    latin = tmp_path / "latin.neurarch.json"
+    latin.write_bytes(b'{"name": "caf\xe9"}')
+    with pytest.raises(GraphError) as info:
+        read_graph(latin)
+    assert str(info.value) == f"graph file {latin} is not UTF-8 text (byte 13 is 0xe9): a .neurarch.json graph is JSON"

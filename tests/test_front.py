@@ -16,6 +16,8 @@ from neurarch_trace.plan_client import plan_blocked
 from neurarch_trace.plan_options import (
     NOTEBOOK_PLAN_OPTIONS,
     PLAN_OPTIONS,
+    REPLAN_SHARE,
+    SHARE,
     Option,
     PlanChoices,
     button_label,
@@ -54,6 +56,12 @@ def test_the_plan_command_takes_them_but_plan_which_it_implies() -> None:
     actions = _actions(build_plan_parser())
     assert "--plan" not in actions
     for option in PLAN_OPTIONS[1:]:
+        if option is SHARE:  # the same flag, its help without "implies --plan"
+            assert actions["--share"] == _expected(REPLAN_SHARE)
+            assert "implies" not in REPLAN_SHARE.kwargs["help"]
+            assert {k: v for k, v in REPLAN_SHARE.kwargs.items() if k != "help"} == \
+                {k: v for k, v in SHARE.kwargs.items() if k != "help"}
+            continue
         assert actions[option.flags[0]] == _expected(option)
 
 

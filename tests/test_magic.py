@@ -333,6 +333,7 @@ def test_named_keyword_from_namespace_and_mixed_with_shapes(shell: InteractiveSh
     ("model --input 1,3,8,8 --base x.neurarch.json", "--base: graph file x.neurarch.json does not exist"),
     ("model --input 1,3,8,8 -o -", "has no meaning in a notebook"),
     ("model --input 1,3,8,8 --name ''", "--name needs a name"),  # quotes taken off as a shell would
+    ("model --input 1,3,8,8 --name ...", "--name '...' has no letter or digit to name the graph's file after"),
     ("model --input 1,3,8,8 --name 'mine", "cannot read the line: no closing quotation"),
     ("model --input -1,3,8,8", "a value that starts with '-' reads as an option"),  # as the CLI says
     ("model --input=-1,3,8,8", "dimension '-1' is not a positive integer"),

@@ -392,6 +392,20 @@ def test_a_bad_neurarch_api_is_one_line_and_nothing_is_sent(tmp_path: Path, smal
     ]
 
 
+@pytest.mark.parametrize("gpu", ["H100x0", "rtx 4090 x 00", "A100×0"])
+def test_a_gpu_count_of_0_is_one_line_and_nothing_is_sent(
+    listening_socket: socket.socket, tmp_path: Path, small_file, gpu: str
+) -> None:
+    path, _ = small_file
+    done = run_cli(["plan", path.name, "--gpu", gpu], tmp_path, api=url_of(listening_socket))
+    assert (done.returncode, done.stdout) == (1, "")
+    assert stderr_lines(done) == [
+        f"neurarch-trace: argument --gpu: {gpu!r} asks for 0 cards: give 1 or more after the x, e.g. H100x8 "
+        "(see neurarch-trace plan --help)"
+    ]
+    assert accepted_connections(listening_socket) == 0
+
+
 def test_plan_usage_error_is_one_line_exit_1(tmp_path: Path) -> None:
     done = run_cli(["plan"], tmp_path)
     assert (done.returncode, done.stdout) == (1, "")

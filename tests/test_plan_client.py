@@ -361,6 +361,8 @@ def test_a_share_link_that_is_not_http_is_refused(canned: CannedServer) -> None:
     ("http://127.0.0.1:8000/#top", "has a query or a fragment: give the service's base address, to which "
                                    "/api/v1/plan is added"),
     ("http://[::1", "is not an http(s) URL: its host is malformed"),  # urlsplit raises ValueError
+    ("http://exa mple.com", "is not an http(s) URL: it contains a space or a control character"),
+    ("http://example.com/a\tb", "is not an http(s) URL: it contains a space or a control character"),
 ])
 def test_a_bad_port_or_host_is_a_plan_error(api: str, fault: str) -> None:
     with pytest.raises(PlanError) as info:

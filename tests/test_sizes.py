@@ -490,12 +490,16 @@ def test_gpu_names_and_counts() -> None:
     assert (parse_gpu("rtx-4090").gpu.id, parse_gpu("rtx-4090").gpus) == ("RTX-4090", None)
     assert (parse_gpu("RTX 4090x2").gpu.id, parse_gpu("RTX 4090x2").gpus) == ("RTX-4090", 2)
     assert parse_gpu("a100-80").gpu.id == "A100-80" and parse_gpu("L40").gpu.id == "L40"
+    with pytest.raises(ValueError, match=r"^gpu 'RTX-4090x-2' asks for -2 GPUs"):  # not the name's own '-'
+        parse_gpu("RTX-4090x-2")
 
 
 @pytest.mark.parametrize("kwargs, sentence", [
     ({"gpu": "B200"}, "unknown GPU 'B200': known cards are T4, L4, A10G, L40S, A100-40, A100-80, H100, H200, "
                       "RTX-4090, RTX-3090, RTX-A6000, L40 (add xN for N of them, e.g. H100x8)"),
     ({"gpu": "H100x65"}, "gpu 'H100x65' asks for 65 GPUs; a plan uses 1 to 64"),
+    ({"gpu": "H100x-1"}, "gpu 'H100x-1' asks for -1 GPUs; a plan uses 1 to 64"),
+    ({"gpu": "RTX-4090x0"}, "gpu 'RTX-4090x0' asks for 0 GPUs; a plan uses 1 to 64"),
     ({"finetune": "adapter"}, "finetune must be one of full, lora or qlora, not 'adapter'"),
     ({"context": 0}, "context must be a positive integer of at most 2^31 tokens, not 0"),
     ({"context": "2k"}, "context must be a positive integer of at most 2^31 tokens, not '2k'"),

@@ -263,6 +263,45 @@ def test_depth_cuts_containers():
     assert g1["measured"]["flops"] == g2["measured"]["flops"] == g_full["measured"]["flops"]
 
 
+def test_depth_is_an_int_or_refused_by_type():
+    import numpy as np
+
+    model = fm.Deep()
+    x = torch.randn(1, 8)
+    names = [c["name"] for c in trace_model(model, x, depth=1, training_step=False)["components"]]
+    assert [c["name"] for c in trace_model(model, x, depth=np.int64(1), training_step=False)["components"]] == names
+    for bad, kind in (("1", "str"), (1.0, "float"), (True, "bool")):
+        with pytest.raises(TypeError) as info:
+            trace_model(model, x, depth=bad)
+        assert str(info.value) == f"depth must be an int or None, not {kind}"
+    with pytest.raises(ValueError, match="^depth must be 0 or more, not -1$"):
+        trace_model(model, x, depth=-1)
+
+
+def test_a_module_without_forward_is_told_so():
+    from neurarch_trace.errors import TraceError
+
+    class NoForward(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = NoForward()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    for model, where in ((NoForward(), "after 0 layers"), (Outer(), "in 'inner' after 0 layers")):
+        with pytest.raises(TraceError) as info:
+            trace_model(model, torch.randn(1, 4))
+        assert str(info.value) == (
+            f"the forward pass failed {where}: NotImplementedError: Module [NoForward] is missing the required "
+            '"forward" function; define forward(self, ...) in that class (nn.Module has none of its own)')
+
+
 def test_a_cut_node_owns_what_it_calls_from_elsewhere():
     """At ``--depth 1`` a block whose forward calls another block's layer uses that layer's weights:
     its node owns them (nobody did before), so the nodes' parameters add up to the model's and

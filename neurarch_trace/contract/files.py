@@ -9,18 +9,19 @@ bad ``-o`` costs no trace.
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import os
 import stat
 import tempfile
+import zlib
 
 from neurarch_trace.contract.document import not_a_graph
 from neurarch_trace.contract.validate import check_graph
 from neurarch_trace.errors import GraphError, NeurarchError
 
-__all__ = ["check_output_path", "default_graph_path", "dumps_graph", "read_graph", "unwritable_folder", "write_error",
-           "write_text",
-           "write_graph"]
+__all__ = ["check_output_path", "default_graph_path", "dumps_graph", "named_graph_path", "read_graph",
+           "unwritable_folder", "write_error", "write_graph", "write_text"]
 
 #: The file name ending of a graph.
 SUFFIX = ".neurarch.json"
@@ -32,21 +33,34 @@ def read_graph(path: str | os.PathLike[str], *, strict: bool = False) -> dict:
     The document must be a graph (an object with ``components`` and ``connections`` arrays whose
     components carry string ids). With ``strict=True`` the whole clean-graph contract is enforced
     (see :func:`~neurarch_trace.contract.validate.validate_graph`); otherwise a graph with, say, a
-    dead branch is still returned, so a plan service can report it as a blocker.
+    dead branch is still returned, so a plan service can report it as a blocker. A gzip-compressed
+    file (``model.neurarch.json.gz``, known by its magic bytes) is read through ``gzip``.
 
     Raises:
-        GraphError: the file is missing or unreadable, is not JSON, or is not a graph.
+        GraphError: the file is missing or unreadable, is not UTF-8 JSON (or a damaged gzip file),
+            or is not a graph.
     """
     p = os.fspath(path)
     try:
-        with open(p, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(p, "rb") as fh:
+            data = fh.read()
     except FileNotFoundError:
         raise GraphError(f"graph file {p} does not exist") from None
     except IsADirectoryError:
         raise GraphError(f"graph file {p} is a directory, not a .neurarch.json file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise GraphError(f"cannot read graph file {p}: {exc}") from exc
+    except OSError as exc:
+        raise GraphError(f"cannot read graph file {p}: {exc.strerror or exc}") from exc
+    if data[:2] == _GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+            raise GraphError(f"graph file {p} is gzip-compressed but cannot be decompressed ({exc}); "
+                             "compress it again or give the .neurarch.json itself") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GraphError(f"graph file {p} is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}): "
+                         "a .neurarch.json graph is JSON") from None
     try:
         graph = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -57,6 +71,10 @@ def read_graph(path: str | os.PathLike[str], *, strict: bool = False) -> dict:
     if fault is not None:
         raise GraphError(f"graph file {p} is not a .neurarch.json graph: {fault.file_sentences[0]}")
     return graph
+
+
+#: The first two bytes of a gzip file (RFC 1952, section 2.3.1).
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def dumps_graph(graph: dict) -> str:
@@ -84,8 +102,9 @@ def write_graph(graph: dict, path: str | os.PathLike[str], *, validate: bool = T
 
 def write_text(text: str, path: str | os.PathLike[str]) -> str:
     """Write ``text`` (UTF-8) to ``path`` whole or not at all, as :func:`write_graph` writes a
-    graph, and return the path written: a temporary file in the same folder, flushed to disk, made
-    0644 and renamed over ``path``; a device or a pipe is written into.
+    graph, and return the path written: a temporary file in the same folder, flushed to disk, given
+    the mode of the file it replaces (a new one the mode ``open()`` gives, 0666 less the umask)
+    and renamed over ``path``; a device or a pipe is written into.
 
     Raises:
         OSError: the folder does not exist, ``path`` is a folder, or the folder is not writable;
@@ -114,7 +133,7 @@ def write_text(text: str, path: str | os.PathLike[str]) -> str:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, _mode_of(target))
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -125,11 +144,52 @@ def write_text(text: str, path: str | os.PathLike[str]) -> str:
     return p
 
 
+def _mode_of(path: str) -> int:
+    """The permission bits of the file at ``path``, which a replacement keeps (a graph made private
+    with ``chmod 600`` stays private), or, when there is none yet, what ``open()`` would give a new
+    file: 0666 less the umask (``mkstemp`` makes its file 0600)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (``/proc/self/status``,
+    kernel 4.7+; setting it to read it back races with other threads' file creation)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def default_graph_path(name: str) -> str:
     """``./<name>.neurarch.json`` with every character of ``name`` that is not a letter, a digit,
     ``-``, ``_`` or ``.`` made ``_`` (``model`` when nothing is left)."""
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name).strip("._")
-    return f"{safe or 'model'}{SUFFIX}"
+    return f"{_file_stem(name) or 'model'}{SUFFIX}"
+
+
+def named_graph_path(name: str) -> str:
+    """:func:`default_graph_path` of a name the user gave (``--name``), for a graph with no ``-o``.
+
+    Raises:
+        NeurarchError: nothing of ``name`` can name a file (``--name '...'``, emoji only): the
+            graph would go to ``model.neurarch.json``, where an earlier graph may be.
+    """
+    if not _file_stem(name):
+        raise NeurarchError(f"--name {name!r} has no letter or digit to name the graph's file after; "
+                            "give a name with one, or -o FILE as well")
+    return default_graph_path(name)
+
+
+def _file_stem(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name).strip("._")
 
 
 def missing_folder(path: object, folder: str) -> str:

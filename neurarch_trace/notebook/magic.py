@@ -32,7 +32,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class, needs_local_scope
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from neurarch_trace.contract import check_output_path, default_graph_path, unwritable_folder
+from neurarch_trace.contract import check_output_path, default_graph_path, named_graph_path, unwritable_folder
 from neurarch_trace.errors import NeurarchError
 from neurarch_trace.notebook.namespace import _model_device, evaluate, is_shape_spec, model_kind, resolve_inputs
 from neurarch_trace.plan_options import FAIL_ON_BLOCK, PLAN_OPTIONS, Option, PlanChoices, add_options, block_verdict
@@ -218,7 +218,7 @@ class NeurarchMagics(Magics):
         input_texts = trace.input_texts(example=_NO_INPUT_EXAMPLE)
         _check_specs(trace, input_texts)
         if path is None and not no_save and trace.name:  # ./<name>.neurarch.json, known before the trace
-            path = default_graph_path(trace.name)
+            path = named_graph_path(trace.name)
         if path is not None:
             check_output_path(path)
         elif not no_save and (reason := unwritable_folder(os.getcwd())) is not None:

@@ -12,6 +12,7 @@ removed, and the parameters, buffers and attributes the forward changed put back
 from __future__ import annotations
 
 import inspect
+import operator
 import warnings
 from contextlib import nullcontext
 from sys import _getframe
@@ -228,10 +229,19 @@ def _trace_error(exc: Exception, recorder: Recorder, model: nn.Module, args: tup
             "another device than its inputs (a tensor made with a fixed device=, or weights moved by hand): "
             "trace it with --device set to where its weights are"
         )
+    if isinstance(exc, NotImplementedError) and _NO_FORWARD in str(exc):  # nn.Module's _forward_unimplemented
+        return TraceError(
+            f"the forward pass failed {where}: {error_line(exc)}; define forward(self, ...) in that class "
+            "(nn.Module has none of its own)"
+        )
     return TraceError(
         f"the forward pass failed {where} with inputs {shown}: {error_line(exc)}; "
         "check the input shapes and dtypes against what the model's forward expects"
     )
+
+
+#: What ``nn.Module`` raises when a class defines no ``forward`` (``Module._forward_unimplemented``).
+_NO_FORWARD = 'is missing the required "forward" function'
 
 
 def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
@@ -307,7 +317,8 @@ def trace_model(
         shapes batchless, FLOPs at the traced batch size, one multiply-add = 2 FLOPs.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module`` or ``inputs`` has another type.
+        TypeError: ``model`` is not an ``nn.Module``, ``inputs`` has another type, or ``depth`` is
+            not an int.
         ValueError: no input tensor, a 0-d first input, or ``depth`` below 0.
         TraceError: the forward pass raised (or called ``sys.exit``); the message says how far the
             trace got and repeats the model's own complaint; the original exception is chained.
@@ -318,6 +329,10 @@ def trace_model(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if depth is not None:  # an int, or what stands for one (numpy's): not a bool, a float or a string
+        if isinstance(depth, bool) or not hasattr(type(depth), "__index__"):
+            raise TypeError(f"depth must be an int or None, not {type(depth).__name__}")
+        depth = operator.index(depth)
     if depth is not None and depth < 0:
         raise ValueError(f"depth must be 0 or more, not {depth}")
     model = unwrap_model(model)
