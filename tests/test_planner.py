@@ -656,6 +656,15 @@ def test_diff_against_base() -> None:
                            "changed": [{"name": "fc1", "fields": ["params", "outputShape"]},
                                        {"name": "drop", "fields": ["inputShape", "outputShape"]},
                                        {"name": "fc2", "fields": ["params", "inputShape"]}]}
+    # an input of another size: the input and output nodes are no layers, changed or not
+    narrow = copy.deepcopy(base)
+    for c in narrow["components"]:
+        if c["id"] == "in":
+            c["outputShape"] = [392]
+        elif c["id"] == "fc1":
+            c["inputShape"], c["params"]["inFeatures"] = [392], 392
+    assert plan_of(narrow, base=base)["diff"]["layers"] == {
+        "added": [], "removed": [], "changed": [{"name": "fc1", "fields": ["params", "inputShape"]}]}
     text = make_plan(new, base=base)["text"].splitlines()
     # every line of the diff box, padded by the card's own rule (row)
     assert text[-7:] == [

@@ -32,14 +32,22 @@ def _signature(node: Node) -> Dict[str, Any]:
     }
 
 
+#: The component types that are not layers.
+_ENDPOINTS = ("input", "output")
+
+
 def layer_changes(new: Graph, base: Graph) -> Dict[str, List[Any]]:
-    """Components added, removed and changed (type, params or shapes), matched by name."""
+    """Layers added, removed and changed (type, params or shapes), matched by name: every
+    component but the ``input`` and ``output`` nodes, as the card counts layers (a new input size
+    shows in the other deltas, not as two changed layers)."""
     new_by_name: Dict[str, Node] = {}
     base_by_name: Dict[str, Node] = {}
     for node in new.nodes:
-        new_by_name.setdefault(node.name, node)
+        if node.type not in _ENDPOINTS:
+            new_by_name.setdefault(node.name, node)
     for node in base.nodes:
-        base_by_name.setdefault(node.name, node)
+        if node.type not in _ENDPOINTS:
+            base_by_name.setdefault(node.name, node)
     added = [name for name in new_by_name if name not in base_by_name]
     removed = [name for name in base_by_name if name not in new_by_name]
     changed = []
