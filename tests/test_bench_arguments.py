@@ -69,6 +69,7 @@ def test_the_json_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]  # no temporary file left behind
 
 
+@pytest.mark.slow  # the script in a fresh interpreter, which imports torch first: the full run's
 def test_the_script_says_it_in_one_line_and_exits_1(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_trace.py"), "--repeats", "0",
                              "--json", str(tmp_path / "out.json")],
