@@ -36,18 +36,20 @@ def _signature(node: Node) -> Dict[str, Any]:
 _ENDPOINTS = ("input", "output")
 
 
+def _layers_by_name(graph: Graph) -> Dict[str, Node]:
+    """The first node of each name, input and output nodes left out."""
+    by_name: Dict[str, Node] = {}
+    for node in graph.nodes:
+        if node.type not in _ENDPOINTS:
+            by_name.setdefault(node.name, node)
+    return by_name
+
+
 def layer_changes(new: Graph, base: Graph) -> Dict[str, List[Any]]:
     """Layers added, removed and changed (type, params or shapes), matched by name: every
     component but the ``input`` and ``output`` nodes, as the card counts layers (a new input size
     shows in the other deltas, not as two changed layers)."""
-    new_by_name: Dict[str, Node] = {}
-    base_by_name: Dict[str, Node] = {}
-    for node in new.nodes:
-        if node.type not in _ENDPOINTS:
-            new_by_name.setdefault(node.name, node)
-    for node in base.nodes:
-        if node.type not in _ENDPOINTS:
-            base_by_name.setdefault(node.name, node)
+    new_by_name, base_by_name = _layers_by_name(new), _layers_by_name(base)
     added = [name for name in new_by_name if name not in base_by_name]
     removed = [name for name in base_by_name if name not in new_by_name]
     changed = []
