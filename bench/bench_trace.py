@@ -2,7 +2,7 @@
 start, and how it scales.
 
 Run: ``python bench/bench_trace.py [--repeats 25] [--json bench/results/trace.json] [--cpu-time]
-[--only NAME] [--cli-repeats 5] [--skip-cli | --cli-only] [--no-old-release]``
+[--steady-allocator] [--only NAME] [--cli-repeats 5] [--skip-cli | --cli-only] [--no-old-release]``
 
 Needs ``torchinfo`` for its column (``pip install -e '.[bench]'``) and ``transformers`` for the
 BERT, GPT-2 and ConvNeXt rows and the LLaMA meta rows; whatever is missing is left out. The column
@@ -13,8 +13,10 @@ it is left out.
 
 ``--cpu-time`` times with this process's CPU time and one torch thread instead of the wall clock:
 on a machine other jobs share, wall-clock medians swing by 2x while CPU time stays within a few
-percent. ``--only`` keeps the models whose label contains NAME (``ResNet-50``, ``GPT-2``) and skips
-the rest of the benchmark.
+percent. ``--steady-allocator`` has glibc's ``malloc`` keep the memory it frees, in this process and
+in 0.1.3's children (:func:`allocator.steady_allocator`): no timed call page-faults, so a call's
+time no longer depends on what the call before it left mapped. ``--only`` keeps the models whose
+label contains NAME (``ResNet-50``, ``GPT-2``) and skips the rest of the benchmark.
 
 Reports, in one run on this machine:
 
@@ -65,6 +67,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import old_release  # bench/, the script's own folder
 import torch
+from allocator import steady_allocator
 from torch import nn
 from trace_models import ROOT, Call, best_ratio, child_env, models, rounds, summarise
 
@@ -181,10 +184,12 @@ def against_peers(times: Dict[str, List[float]], tool: str = "neurarch-trace") -
     return out
 
 
-def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Path] = None) -> List[dict]:
+def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Path] = None,
+                     steady: bool = False) -> List[dict]:
     """The in-process rows (see the module docstring); with ``old``, 0.1.3's folder
     (:func:`old_release.locate`), its column too, timed in a child process against the bare forward
-    timed there (its ratio; no round-by-round difference across processes)."""
+    timed there (its ratio; no round-by-round difference across processes); ``steady``: the child
+    runs under :func:`allocator.steady_allocator`, as this process does."""
     rows = []
     for label, build in models():
         if only is not None and only not in label:
@@ -203,7 +208,7 @@ def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Pat
         paired = against_peers(times)
         row = {"model": label, "seconds": seconds, "ratio": ratio, "best_ratio": best, "against_peers": paired}
         if old is not None:  # 0.1.3 in a child of its own, against the bare forward timed there
-            child = old_release.in_process(old, label, repeats, CLOCK is time.process_time)
+            child = old_release.in_process(old, label, repeats, CLOCK is time.process_time, steady)
             if child is not None:
                 old_seconds, old_ratio = summarise(child, RUNNERS[0][0])
                 column = old_release.COLUMN
@@ -457,6 +462,8 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with process CPU time and one torch thread (for a shared machine)")
+    parser.add_argument("--steady-allocator", action="store_true",
+                        help="have glibc's malloc keep freed memory, so no timed call page-faults (in-process rows)")
     parser.add_argument("--only", default=None, metavar="NAME",
                         help="only the in-process models whose label contains NAME; skip the rest")
     parser.add_argument("--skip-cli", action="store_true", help="leave out the command-line cold starts")
@@ -468,6 +475,11 @@ def main() -> None:
     if problem:
         print(f"bench_trace.py: {problem}", file=sys.stderr)
         sys.exit(1)
+    if args.steady_allocator and not args.cli_only:
+        problem = steady_allocator()
+        if problem:
+            print(f"bench_trace.py: --steady-allocator: {problem}; leave the flag out", file=sys.stderr)
+            sys.exit(1)
     global CLOCK
     if args.cpu_time:
         CLOCK = time.process_time
@@ -478,13 +490,15 @@ def main() -> None:
     results: Dict[str, Any] = {
         "machine": machine(),
         "clock": "process CPU time, 1 torch thread" if args.cpu_time else "wall clock",
+        "allocator": "glibc malloc keeping freed memory (--steady-allocator)" if args.steady_allocator
+        else "glibc malloc defaults",
         "load_at_start": list(load),
     }
     old = None if args.no_old_release else old_release.locate()
     if args.cli_only:
         results["cli"] = bench_cli(args.cli_repeats, old)
     else:
-        results["in_process"] = bench_in_process(args.repeats, args.only, old)
+        results["in_process"] = bench_in_process(args.repeats, args.only, old, args.steady_allocator)
     if args.only is None and not args.cli_only:
         if not args.skip_cli:
             results["cli"] = bench_cli(args.cli_repeats, old)

@@ -5,10 +5,10 @@ finds (or fetches, ``pip download --no-deps neurarch-trace==0.1.3``, once, into
 ``~/.cache/neurarch-trace/bench/``) its wheel and unpacks it; the benchmark runs it in child
 processes whose ``PYTHONPATH`` puts that folder first. Nothing of it is imported or copied here.
 
-Run as a child: ``python bench/old_release.py LABEL REPEATS [--cpu-time]`` times the bare no-grad
-forward and 0.1.3's ``trace_model(model, [inputs], name=...)`` (its own defaults: ``eval()``,
-autograd on) on the model of ``trace_models.models()`` labelled ``LABEL``, in rounds as
-``bench_trace.py`` times its own runners, and prints one JSON line: the times of both.
+Run as a child: ``python bench/old_release.py LABEL REPEATS [--cpu-time] [--steady-allocator]``
+times the bare no-grad forward and 0.1.3's ``trace_model(model, [inputs], name=...)`` (its own
+defaults: ``eval()``, autograd on) on the model of ``trace_models.models()`` labelled ``LABEL``, in
+rounds as ``bench_trace.py`` times its own runners, and prints one JSON line: the times of both.
 """
 
 from __future__ import annotations
@@ -53,11 +53,14 @@ def locate(fetch: bool = True) -> Optional[Path]:
     return FOLDER
 
 
-def in_process(folder: Path, label: str, repeats: int, cpu_time: bool) -> Optional[Dict[str, List[float]]]:
-    """The times of the bare forward and of 0.1.3's trace on the model ``label``, in a child;
-    None when the child failed (its last line on stderr)."""
+def in_process(folder: Path, label: str, repeats: int, cpu_time: bool,
+               steady: bool = False) -> Optional[Dict[str, List[float]]]:
+    """The times of the bare forward and of 0.1.3's trace on the model ``label``, in a child (with
+    ``steady``, under ``allocator.steady_allocator`` as the parent); None when the child failed
+    (its last line on stderr)."""
     command = [sys.executable, str(Path(__file__).resolve()), label, str(repeats)]
     command += ["--cpu-time"] if cpu_time else []
+    command += ["--steady-allocator"] if steady else []
     done = subprocess.run(command, capture_output=True, text=True, env=child_env(folder))
     if done.returncode != 0:
         print(f"neurarch-trace {VERSION} on {label}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}",
@@ -66,9 +69,15 @@ def in_process(folder: Path, label: str, repeats: int, cpu_time: bool) -> Option
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _child(label: str, repeats: int, cpu_time: bool) -> None:
+def _child(label: str, repeats: int, cpu_time: bool, steady: bool) -> None:
     import torch
+    from allocator import steady_allocator
     from trace_models import models, rounds
+
+    if steady:
+        problem = steady_allocator()
+        if problem:
+            raise SystemExit(f"--steady-allocator: {problem}")
 
     import neurarch_trace
 
@@ -94,4 +103,4 @@ def _child(label: str, repeats: int, cpu_time: bool) -> None:
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1], int(sys.argv[2]), "--cpu-time" in sys.argv[3:])
+    _child(sys.argv[1], int(sys.argv[2]), "--cpu-time" in sys.argv[3:], "--steady-allocator" in sys.argv[3:])
