@@ -20,6 +20,8 @@ from torch import nn
 from neurarch_trace import trace_model
 from neurarch_trace.planner import make_plan
 from neurarch_trace.planner.analysis import analyse
+from neurarch_trace.planner.blocks import find_blocks
+from neurarch_trace.planner.finetune import tuning
 from neurarch_trace.planner.memory import FRAMEWORK_ALLOWANCE_BYTES
 from neurarch_trace.rehearsal import rehearse_training_step
 from neurarch_trace.rehearsal.policy import FP32, FP32_SET_OPT_DTYPE, LOWER_PRECISION, PROMOTE
@@ -66,6 +68,28 @@ def test_mlp_step_by_hand() -> None:
     assert training["peakPhase"] == "optimizer"
     assert training["stateBytes"] == {"masterWeights": p, "gradients": p, "optimizerMoments": 2 * p,
                                       "optimizerTemporaries": p, "other": 4}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_weights_train_as_float32_master_weights(dtype: torch.dtype) -> None:
+    # a checkpoint whose config says torch_dtype bfloat16 is built in 16 bits; mixed-precision
+    # training still keeps float32 master weights, gradients and moments: the state of the float32
+    # model, 4 bytes per trainable parameter each (203,530 parameters: 814,120 B), not 2
+    half = _mlp().to(dtype)
+    graph = trace_model(half, torch.randn(8, 784, dtype=dtype))
+    assert graph["measured"]["paramBytes"] == 203_530 * 2  # the graph keeps the stored dtype
+    training = graph["measured"]["training"]
+    p = 814_120
+    assert training["stateBytes"] == {"masterWeights": p, "gradients": p, "optimizerMoments": 2 * p,
+                                      "optimizerTemporaries": p, "other": 4}
+    assert training["upcastParams"] == 203_530
+    assert "upcastParams" not in trace_model(_mlp(), torch.randn(8, 784))["measured"]["training"]
+    # a frozen 16-bit layer stays in 16 bits (LoRA's base weights): 256*10 + 10 elements, 2 bytes
+    half[3].requires_grad_(False)
+    training = trace_model(half, torch.randn(8, 784, dtype=dtype))["measured"]["training"]
+    assert training["upcastParams"] == 784 * 256 + 256
+    assert training["stateBytes"]["frozenWeights"] == (256 * 10 + 10) * 2
+    assert training["stateBytes"]["masterWeights"] == (784 * 256 + 256) * 4
 
 
 def test_autocast_dtypes_and_storages_as_cuda_keeps_them() -> None:
@@ -333,6 +357,31 @@ def test_eager_attention_adds_the_score_matrices_of_functional_attention() -> No
     assert make_plan(graph, attention="eager")["plan"]["cost"]["breakdown"]["attentionScoresGb"] > 0
 
 
+@pytest.mark.parametrize("layers", [2, 3])
+def test_checkpointing_keeps_the_score_matrices_of_the_recomputed_block_alone(layers: int) -> None:
+    """With activation checkpointing a block keeps only its output; the block being recomputed in
+    the backward holds its own score matrices, one attention call's of the ``layers`` calls."""
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                  num_attention_heads=4, vocab_size=500)
+    graph = trace_model(transformers.BertModel(cfg), torch.randint(0, 500, (1, 128)))
+    extra = graph["measured"]["training"]["attention"]["eagerExtraBytesPerSample"]
+    assert extra == layers * (7 * 4 * 128 * 128 - (2 * 4 * 128 * 16 + 4 * 4 * 128))  # as worked above
+    for attention in ("sdpa", "eager"):
+        a = analyse(graph, attention=attention)
+        blocks = find_blocks(a.structure, a.structure_counts)
+        assert blocks.layers == layers and blocks.checkpoint_saving > 0
+        step = tuning(a, blocks)
+        main = a.memory.peak(1)  # the step's own phase; the others in the memory model's order
+        phases = [main] + [p for p in a.memory.phases if p is not main]
+        acts = [step.acts] + [other[1] for other in step.others]
+        forward = [act for phase, act in zip(phases, acts) if phase.phase == "forward"]
+        assert len(forward) == 1 and forward[0].checkpointed > 0  # not clamped at 0
+        freed = forward[0].plain - forward[0].checkpointed - blocks.checkpoint_saving
+        # all calls' scores but the recomputed block's one call's
+        assert freed == pytest.approx(extra * (layers - 1) / layers if attention == "eager" else 0)
+
+
 def test_eager_attention_asked_of_a_model_without_sdpa_calls_says_so() -> None:
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(32, 4, batch_first=True)
@@ -410,3 +459,25 @@ def test_values_the_forward_reads_are_replayed_in_the_rehearsal():
     training = graph["measured"]["training"]
     assert "error" not in training, training
     assert training["batchSizes"] == [4, 8]
+
+
+@pytest.mark.slow  # seconds: the full run's
+def test_llama_7b_in_bfloat16_plans_as_mixed_precision_and_needs_the_fewest_cards() -> None:
+    """A LLaMA-7B built in bfloat16 (its config.json's torch_dtype) trains with float32 master
+    weights, gradients and moments; and a cluster too small is told the fewest cards that hold a
+    step, a count the plan then accepts (one card fewer it refuses)."""
+    cfg = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                   num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    graph = trace_model(model, torch.randint(0, 1000, (1, 128), device="meta"))
+    n = 6_738_415_616
+    assert graph["measured"]["paramBytes"] == 2 * n
+    training = graph["measured"]["training"]
+    assert training["upcastParams"] == n
+    assert training["stateBytes"]["masterWeights"] == 4 * n and training["stateBytes"]["optimizerMoments"] == 8 * n
+    for card in ("RTX-4090", "T4"):
+        needs = make_plan(graph, seq_len=2048, gpu=f"{card}x2")["plan"]["fit"]["needs"]
+        count = needs["gpus"]
+        assert make_plan(graph, seq_len=2048, gpu=f"{card}x{count}")["plan"]["fit"]["fits"] is True
+        assert make_plan(graph, seq_len=2048, gpu=f"{card}x{count - 1}")["plan"]["fit"]["fits"] is False

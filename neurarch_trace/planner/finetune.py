@@ -41,6 +41,7 @@ LoRA training over full fine-tuning on GPT-3 175B.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from neurarch_trace.contract import Graph, Node, numel
@@ -174,7 +175,7 @@ def _phase(a: Analysis, blocks: Blocks, phase: PhasePeak) -> Phase:
         buffers=st.get("buffers", 0.0) + st.get("other", 0.0), framework=st.get("framework", 0.0),
         gather=blocks.largest_layer_params * (WEIGHT16_BYTES + ZERO_GRADIENT_BYTES),
     )
-    return states, _activations(a, blocks, 0.0, phase.per_sample_bytes)
+    return states, _activations(a, blocks, 0.0, phase)
 
 
 def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
@@ -187,12 +188,30 @@ def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
                   (BACKWARD_FACTOR + 1) * f, a.counts.trainable, note=note, others=others)
 
 
-def _activations(a: Analysis, blocks: Blocks, extra: float, plain: float | None = None) -> Activations:
-    """Bytes per sample (``plain``: the memory model's largest phase, by default) plus ``extra``,
-    and with activation checkpointing what leaves the blocks instead of what they keep."""
-    plain = (max(p.per_sample_bytes for p in a.memory.phases) if plain is None else plain) + extra
-    saving = blocks.checkpoint_saving * a.work.scale
+def _activations(a: Analysis, blocks: Blocks, extra: float, phase: PhasePeak | None = None) -> Activations:
+    """Bytes per sample of ``phase`` (the memory model's phase with the most, by default) plus
+    ``extra``, and with activation checkpointing what leaves the blocks instead of what they keep,
+    eager attention's score matrices included (:func:`_scores_saving`)."""
+    if phase is None:
+        phase = max(a.memory.phases, key=lambda p: p.per_sample_bytes)
+    plain = phase.per_sample_bytes + extra
+    scores = phase.per_sample.get("attentionScores", 0.0)
+    saving = blocks.checkpoint_saving * a.work.scale + _scores_saving(a, blocks, scores)
     return Activations(plain, max(plain - saving, 0.0) if saving > 0 else None)
+
+
+def _scores_saving(a: Analysis, blocks: Blocks, scores: float) -> float:
+    """Bytes per sample of eager attention's score matrices (``scores``, all attention calls') that
+    activation checkpointing frees: a checkpointed block keeps none of its own, and the block being
+    recomputed holds its calls' alone. The memory model knows how many calls there are, not where
+    they run: they are taken to be in the blocks, the largest block holding ``ceil(calls / blocks)``
+    of them (one per block in a decoder stack; T5's decoder blocks, self- and cross-attention, two of
+    18 calls in 12 blocks), and the calls of one size each."""
+    calls = a.memory.attention_calls
+    if scores <= 0 or calls <= 0 or blocks.layers < 2:
+        return 0.0
+    kept = min(calls, math.ceil(calls / blocks.layers))
+    return scores * (1 - kept / calls)
 
 
 def _state(a: Analysis, kind: str) -> float:

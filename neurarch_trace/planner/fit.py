@@ -222,7 +222,16 @@ def smallest_cluster(states: States, acts: Activations, gpu: Gpu, table: GpuTabl
     room = gpu.memory_bytes / table.headroom - fixed
     if room <= 0:
         return None, probe
+
+    def holds(count: int) -> bool:
+        return footprint(states, acts, "zero3", count, checkpoint, others).peak_bytes(1) * table.headroom \
+            <= gpu.memory_bytes
+
+    # a first guess from the phase that peaks on 64 cards, whose undivided part is the largest; on
+    # fewer cards another phase (the optimizer step's, with no activations) may peak, and fewer hold
     n = max(2, math.ceil(divided / room))
-    while footprint(states, acts, "zero3", n, checkpoint, others).peak_bytes(1) * table.headroom > gpu.memory_bytes:
-        n += 1  # float edge
+    while not holds(n):
+        n += 1
+    while n > 2 and holds(n - 1):
+        n -= 1
     return n, footprint(states, acts, "zero3", n, checkpoint, others)

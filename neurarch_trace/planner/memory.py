@@ -152,6 +152,9 @@ class MemoryModel:
     reason: str | None = None
     layers_without_shape: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: the attention calls whose eager score matrices ``attentionScores`` holds (measured SDPA calls,
+    #: or attention-typed layers when estimated); 0 when it holds none
+    attention_calls: int = 0
 
     def peak(self, batch: int) -> PhasePeak:
         """The phase peak that is largest at ``batch``."""
@@ -272,7 +275,9 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
     phases = [_measured_phase(raw, work.scale, eager) for raw in peaks]
     if any(p is None for p in phases):
         return None, "measured.training.peaks is malformed"
-    return MemoryModel("measured", [p for p in phases if p is not None], notes=notes), ""
+    calls = att.get("sdpaCalls") if attention == "eager" else 0
+    calls = calls if isinstance(calls, int) and not isinstance(calls, bool) and calls > 0 and any(eager) else 0
+    return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls), ""
 
 
 # --- estimated -----------------------------------------------------------------------------------
@@ -333,6 +338,7 @@ def _estimated(graph: Graph, counts: Counts, work: Workload, attention: str | No
     loss = numel(primary) * LOSS_BYTES if primary is not None else 0
     scores = 0
     notes: list[str] = []
+    attention_layers: list[Node] = []
     if attention == "eager":
         attention_layers = [n for n in graph.nodes if n.type in ATTENTION_TYPES]
         scores = sum(_score_elements(n) for n in attention_layers) * EAGER_SCORE_BYTES
@@ -354,7 +360,8 @@ def _estimated(graph: Graph, counts: Counts, work: Workload, attention: str | No
         "loss": loss * work.scale,
     }
     return MemoryModel("estimated", [PhasePeak("step", state, per_sample)], reason=reason,
-                       layers_without_shape=missing, notes=notes)
+                       layers_without_shape=missing, notes=notes,
+                       attention_calls=len(attention_layers) if scores else 0)
 
 
 def memory_model(graph: Graph, counts: Counts, work: Workload, attention: str | None) -> MemoryModel:

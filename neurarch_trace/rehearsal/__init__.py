@@ -85,6 +85,8 @@ def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
     measured = combine(first, second, third, fourth, batch=plan.batch)
     measured["attention"] = _attention(first)
     measured["loss"] = first.loss
+    if rehearsal.upcast:
+        measured["upcastParams"] = rehearsal.upcast
     scale = plan.batch / small  # per-layer bytes at the traced batch size
     saved = {qual: [int(round(b * scale)) for b in calls] for qual, calls in first.saved.items()}
     return {"measured": measured, "savedBytes": saved}

@@ -99,9 +99,21 @@ class InputPlan:
         return tuple(args), kwargs
 
 
+#: 16-bit floating dtypes. A trainable parameter stored in one (a checkpoint built from a
+#: ``config.json`` whose ``torch_dtype`` is ``bfloat16``, a model ``.half()``-ed by hand) is rehearsed
+#: as a float32 master weight: mixed-precision training keeps the weights AdamW updates, their
+#: gradients and its moments in float32 and casts 16-bit copies for the matrix products
+#: (Micikevicius et al. 2018, "Mixed Precision Training", section 3.1; ``torch.amp``'s recipe). In
+#: 16 bits the step would count 2 bytes for each of them instead of 4, half the training state.
+_HALF = frozenset({torch.float16, torch.bfloat16})
+
+
 def _meta_copy(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-    out = torch.empty_like(t, device="meta")
-    return out.requires_grad_(requires_grad and out.is_floating_point())
+    """A meta tensor like ``t``; a trainable 16-bit floating one in float32 (:data:`_HALF`)."""
+    trainable = requires_grad and t.is_floating_point()
+    dtype = torch.float32 if trainable and t.dtype in _HALF else t.dtype
+    out = torch.empty_like(t, device="meta", dtype=dtype)
+    return out.requires_grad_(trainable)
 
 
 def _output_tensors(obj: Any, depth: int = 0) -> list[torch.Tensor]:
@@ -304,7 +316,10 @@ class Rehearsal:
 
     def __init__(self, model: nn.Module, plan: InputPlan, dtype: torch.dtype = torch.bfloat16) -> None:
         self.model, self.plan, self.dtype = model, plan, dtype
-        self.params = {n: _meta_copy(p, p.requires_grad) for n, p in walk.named_parameters(model)}
+        named = list(walk.named_parameters(model))
+        self.params = {n: _meta_copy(p, p.requires_grad) for n, p in named}
+        #: trainable parameters (elements) stored in 16 bits and rehearsed as float32 master weights
+        self.upcast = sum(p.numel() for n, p in named if self.params[n].dtype != p.dtype)
         self.buffers = {n: _meta_copy(b, False) for n, b in walk.named_buffers(model)}
         self.tensors = _every_slot(model, {**self.params, **self.buffers})
         self.trainable = [p for p in self.params.values() if p.requires_grad]
