@@ -358,6 +358,22 @@ def hub_unreachable(timeout: float = HUB_TIMEOUT_S) -> str | None:
     return result[0]
 
 
+def _check_repo_id(ident: str) -> None:
+    """Raise :class:`TargetError` when ``ident`` cannot be a hub repo id (``huggingface_hub``'s own
+    rule: ``name`` or ``namespace/name`` of letters, digits, ``-``, ``_`` and ``.``), where the
+    lookup would call it missing from the cache; a revision (``@main``) is not part of an id."""
+    try:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError:  # an older hub library: the lookup's own answer stands
+        return
+    try:
+        validate_repo_id(ident)
+    except HFValidationError as exc:
+        raise TargetError(f"hf:{ident} is not a Hugging Face repo id (name or namespace/name, of letters, digits, "
+                          "'-', '_' and '.'): give one, such as hf:bert-base-uncased or hf:meta-llama/Llama-2-7b-hf, "
+                          "or a local folder (hf:./path)") from exc
+
+
 def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: bool = True) -> OpenedTarget:
     ident = target[3:]
     if not ident:
@@ -385,6 +401,8 @@ def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: 
         raise TargetError(f"hf:{ident} is a file: give the checkpoint folder that holds config.json")
     if not local and _looks_like_path(ident):
         raise TargetError(f"hf:{ident}: folder {ident} does not exist")
+    if not local:
+        _check_repo_id(ident)
     if local and not os.path.exists(os.path.join(ident, "config.json")):
         raise TargetError(f"hf:{ident} has no config.json: give a folder written by save_pretrained, or a hub repo id")
     offline = _hub_offline()
@@ -420,7 +438,10 @@ def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: 
             with _device(device):
                 return from_config(config)
         except OSError as exc:
-            raise TargetError(f"cannot load the weights of Hugging Face model {ident!r}: {error_line(exc)}") from exc
+            why = error_line(exc).rstrip(".")
+            raise TargetError(f"cannot load the weights of Hugging Face model {ident!r}: {why}; leave out --weights to "
+                              "trace it from its config.json alone (shapes, parameters and FLOPs do not depend on "
+                              "the weights)") from exc
         except Exception as exc:  # noqa: BLE001 - a model's own __init__ can raise anything (on meta too)
             raise TargetError(f"transformers cannot build hf:{ident}: {error_line(exc)}") from exc
 

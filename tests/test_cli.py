@@ -517,6 +517,29 @@ def test_hf_id_not_found_offline(tmp_path):
     assert not list(tmp_path.glob("*.json"))
 
 
+@pytest.mark.parametrize("ident", ["acme/tiny llama", "acme/tiny-llama@main", "-acme/x"])
+def test_a_malformed_hf_repo_id_is_called_malformed_not_missing(tmp_path, capfd, ident):
+    pytest.importorskip("transformers")
+    code, out, err = run([f"hf:{ident}", "--input", "1,8:long"], tmp_path, capfd)
+    assert code == 1 and out == ""
+    assert err == (f"neurarch-trace: hf:{ident} is not a Hugging Face repo id (name or namespace/name, of letters, "
+                   "digits, '-', '_' and '.'): give one, such as hf:bert-base-uncased or hf:meta-llama/Llama-2-7b-hf, "
+                   "or a local folder (hf:./path)\n")
+
+
+def test_weights_asked_of_a_config_only_folder_say_to_leave_out_weights(tmp_path, capfd):
+    transformers = pytest.importorskip("transformers")
+    transformers.BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                            vocab_size=100).save_pretrained(tmp_path / "bert-config")
+    code, out, err = run(["hf:./bert-config", "--weights", "--input", "1,8:long"], tmp_path, capfd)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith("neurarch-trace: cannot load the weights of Hugging Face model './bert-config': ")
+    assert err.endswith("; leave out --weights to trace it from its config.json alone (shapes, parameters and "
+                        "FLOPs do not depend on the weights)\n")
+    code, _, _ = run(["hf:./bert-config", "--input", "1,8:long", "--no-training-step"], tmp_path, capfd)
+    assert code == 0
+
+
 def test_user_class_named_like_a_known_layer_is_not_trusted(tmp_path, capfd):
     (tmp_path / "m.py").write_text(textwrap.dedent("""
         import torch

@@ -264,6 +264,20 @@ def test_a_replaced_graph_keeps_its_mode_and_a_new_one_gets_opens(tmp_path: Path
                                                            "664.neurarch.json", "new.neurarch.json"]
 
 
+def test_a_graph_written_to_a_gz_path_is_gzip_compressed_and_reads_back(tmp_path: Path) -> None:
+    import gzip
+
+    clean = doc([node("in", "input", outputShape=[2]), node("out", "output", inputShape=[2])], [("in", "out")])
+    plain = Path(write_graph(clean, tmp_path / "g.neurarch.json"))
+    packed = Path(write_graph(clean, tmp_path / "g.neurarch.json.gz"))
+    assert packed.read_bytes()[:2] == b"\x1f\x8b"  # gzip's magic bytes, what `gunzip -t` checks
+    assert gzip.decompress(packed.read_bytes()) == plain.read_bytes()
+    assert read_graph(packed, strict=True) == clean
+    first = packed.read_bytes()
+    write_graph(clean, packed)
+    assert packed.read_bytes() == first  # no timestamp in the header: the same graph, the same bytes
+
+
 def test_a_gzip_graph_reads_as_the_graph_and_bad_bytes_are_one_sentence(tmp_path: Path) -> None:
     import gzip
 

@@ -430,6 +430,18 @@ def test_python_dash_m_serves(tmp_path: Path) -> None:
     assert f"neurarch plan service on http://127.0.0.1:{port}" in err
 
 
+def test_listening_on_every_interface_without_a_public_url_says_to_set_one() -> None:
+    from neurarch_trace.server.cli import announcement
+    from neurarch_trace.server.settings import Settings
+
+    line = announcement(Settings(host="0.0.0.0", port=8000), 8000, "shares.db")
+    assert line == ("neurarch plan service on http://0.0.0.0:8000 (shares in shares.db, links start "
+                    "http://127.0.0.1:8000/p/); set --public-url to the address others reach this service at")
+    line = announcement(Settings(host="0.0.0.0", port=8000, public_url="https://plans.example.com"), 8000, "x.db")
+    assert line.endswith("links start https://plans.example.com/p/)")
+    assert announcement(Settings(port=8000), 8000, "x.db").endswith("links start http://127.0.0.1:8000/p/)")
+
+
 def test_a_service_without_keys_ignores_a_bearer_key(plan_server_factory) -> None:
     # a key exported for another deployment must not lock the user out of a keyless local one
     url = plan_server_factory(rate_limit=1)

@@ -278,6 +278,17 @@ def test_depth_is_an_int_or_refused_by_type():
         trace_model(model, x, depth=-1)
 
 
+def test_a_batch_of_0_samples_is_refused_as_the_command_line_refuses_it():
+    model = nn.Linear(4, 3)
+    with pytest.raises(ValueError) as info:
+        trace_model(model, torch.randn(0, 4))
+    assert str(info.value) == ("input 'input' of shape (0, 4) holds a batch of 0 samples: give at least one, "
+                               "e.g. shape (1, ...)")
+    with pytest.raises(ValueError, match="holds a batch of 0 samples"):
+        trace_model(model, {"input": torch.randn(0, 4)})
+    assert trace_model(model, torch.randn(1, 4), training_step=False)["measured"]["batchSize"] == 1
+
+
 def test_a_module_without_forward_is_told_so():
     from neurarch_trace.errors import TraceError
 

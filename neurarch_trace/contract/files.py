@@ -89,7 +89,9 @@ def write_graph(graph: dict, path: str | os.PathLike[str], *, validate: bool = T
     ``path``: a failure never leaves a partial file and never clobbers an earlier good one.
 
     A path that is a device or a pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is written into
-    instead: it is not a file to replace.
+    instead: it is not a file to replace. A path ending in ``.gz`` gets the JSON gzip-compressed
+    (with no timestamp in the header, so the same graph gives the same bytes), as
+    :func:`read_graph` reads it.
 
     Raises:
         GraphError: ``validate`` is true and the graph breaks the contract (nothing is written).
@@ -97,7 +99,10 @@ def write_graph(graph: dict, path: str | os.PathLike[str], *, validate: bool = T
     """
     if validate:
         check_graph(graph)
-    return write_text(dumps_graph(graph), path)
+    data = dumps_graph(graph).encode("utf-8")
+    if os.fspath(path).endswith(".gz"):
+        data = gzip.compress(data, mtime=0)
+    return _write_bytes(data, path)
 
 
 def write_text(text: str, path: str | os.PathLike[str]) -> str:
@@ -110,11 +115,16 @@ def write_text(text: str, path: str | os.PathLike[str]) -> str:
         OSError: the folder does not exist, ``path`` is a folder, or the folder is not writable;
             its ``strerror`` is one sentence naming ``path``.
     """
+    return _write_bytes(text.encode("utf-8"), path)
+
+
+def _write_bytes(data: bytes, path: str | os.PathLike[str]) -> str:
+    """:func:`write_text`'s work, on bytes."""
     p = os.fspath(path)
     if _special(p):  # a device, a pipe (/dev/null, /dev/stdout, a FIFO): written into, never replaced
         try:
-            with open(p, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            with open(p, "wb") as fh:
+                fh.write(data)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot write {p}: {exc.strerror}") from exc
         return p
@@ -129,8 +139,8 @@ def write_text(text: str, path: str | os.PathLike[str]) -> str:
     except OSError as exc:
         raise OSError(exc.errno, f"cannot write {p}: {exc.strerror} (folder {folder})") from exc
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, _mode_of(target))

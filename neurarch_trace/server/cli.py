@@ -20,9 +20,12 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 from neurarch_trace.text import install_hint
+
+if TYPE_CHECKING:  # pragma: no cover - imported in main, after the command line is read
+    from neurarch_trace.server.settings import Settings
 
 __all__ = ["build_parser", "serve_main"]
 
@@ -183,10 +186,7 @@ def serve_main(argv: Sequence[str]) -> int:
         sock.close()
         return _fail(str(exc))
 
-    shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    print(f"neurarch plan service on http://{shown_host}:{bound_port} "
-          f"(shares in {app.state.store.db.where}, links start {settings.resolved_public_url()}/p/)",
-          file=sys.stderr, flush=True)
+    print(announcement(settings, bound_port, app.state.store.db.where), file=sys.stderr, flush=True)
     server = build_server(app, settings, log_level=args.log_level)
     _stop_on_sigterm()
     try:
@@ -200,6 +200,18 @@ def serve_main(argv: Sequence[str]) -> int:
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def announcement(settings: Settings, port: int, where: str) -> str:
+    """The line ``serve`` prints once it listens: its address, where shares are stored and how
+    share links start; listening on every interface without ``--public-url``, a note that the links
+    name this machine's loopback address, which other machines cannot open."""
+    shown_host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    hint = ""
+    if settings.public_url is None and settings.host in ("0.0.0.0", "", "::"):
+        hint = "; set --public-url to the address others reach this service at"
+    return (f"neurarch plan service on http://{shown_host}:{port} "
+            f"(shares in {where}, links start {settings.resolved_public_url()}/p/){hint}")
 
 
 def _stop_on_sigterm() -> None:

@@ -319,7 +319,7 @@ def trace_model(
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, ``inputs`` has another type, or ``depth`` is
             not an int.
-        ValueError: no input tensor, a 0-d first input, or ``depth`` below 0.
+        ValueError: no input tensor, a 0-d first input, a batch of 0 samples, or ``depth`` below 0.
         TraceError: the forward pass raised (or called ``sys.exit``); the message says how far the
             trace got and repeats the model's own complaint; the original exception is chained.
 
@@ -348,6 +348,9 @@ def trace_model(
         raise ValueError(
             f"input {tensors[0][0]!r} is a 0-d tensor: inputs are batch first, e.g. shape (1, 3, 224, 224)"
         )
+    if sample_inputs(named_inputs)[0] == 0:
+        raise ValueError(f"input {tensors[0][0]!r} of shape {tuple(tensors[0][1].shape)} holds a batch of 0 samples: "
+                         "give at least one, e.g. shape (1, ...)")
     graph_name = name or type(model).__name__
 
     # a trace makes many small objects that live to its end; the meta kernels are PyTorch's Python.
