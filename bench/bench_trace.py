@@ -2,7 +2,8 @@
 start, and how it scales.
 
 Run: ``python bench/bench_trace.py [--repeats 25] [--json bench/results/trace.json] [--cpu-time]
-[--steady-allocator] [--only NAME] [--cli-repeats 5] [--skip-cli | --cli-only] [--no-old-release]``
+[--steady-allocator] [--isolated] [--only NAME] [--cli-repeats 5] [--skip-cli | --cli-only]
+[--no-old-release]``
 
 Needs ``torchinfo`` for its column (``pip install -e '.[bench]'``) and ``transformers`` for the
 BERT, GPT-2 and ConvNeXt rows and the LLaMA meta rows; whatever is missing is left out. The column
@@ -16,7 +17,9 @@ on a machine other jobs share, wall-clock medians swing by 2x while CPU time sta
 percent. ``--steady-allocator`` has glibc's ``malloc`` keep the memory it frees, in this process and
 in 0.1.3's children (:func:`allocator.steady_allocator`): no timed call page-faults, so a call's
 time no longer depends on what the call before it left mapped. ``--only`` keeps the models whose
-label contains NAME (``ResNet-50``, ``GPT-2``) and skips the rest of the benchmark.
+label contains NAME (``ResNet-50``, ``GPT-2``) and skips the rest of the benchmark. ``--isolated``
+also times each tool alone with the bare forward in a child process of its own (``pair.py``), as
+0.1.3 is always timed, so that every tool meets 0.1.3 on the same footing.
 
 Reports, in one run on this machine:
 
@@ -66,6 +69,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import old_release  # bench/, the script's own folder
+import pair
 import torch
 from allocator import steady_allocator
 from torch import nn
@@ -184,12 +188,27 @@ def against_peers(times: Dict[str, List[float]], tool: str = "neurarch-trace") -
     return out
 
 
+def bench_isolated(label: str, repeats: int, steady: bool) -> Dict[str, dict]:
+    """Each tool of :data:`pair.TOOLS` alone in a child process with the bare forward, as 0.1.3
+    runs (``--isolated``): its ratio and best ratio there, and the bare forward's median."""
+    out: Dict[str, dict] = {}
+    for tool in pair.TOOLS:
+        child = pair.in_process(label, tool, repeats, CLOCK is time.process_time, steady)
+        if child is None:
+            continue
+        seconds, ratio = summarise(child, RUNNERS[0][0])
+        out[tool] = {"ratio": ratio[tool], "best_ratio": best_ratio(child, RUNNERS[0][0])[tool],
+                     "seconds": seconds[tool], "bare_seconds": seconds[RUNNERS[0][0]]}
+    return out
+
+
 def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Path] = None,
-                     steady: bool = False) -> List[dict]:
+                     steady: bool = False, isolated: bool = False) -> List[dict]:
     """The in-process rows (see the module docstring); with ``old``, 0.1.3's folder
     (:func:`old_release.locate`), its column too, timed in a child process against the bare forward
     timed there (its ratio; no round-by-round difference across processes); ``steady``: the child
-    runs under :func:`allocator.steady_allocator`, as this process does."""
+    runs under :func:`allocator.steady_allocator`, as this process does; ``isolated``: each tool
+    also alone in a child of its own, as 0.1.3 is (:func:`bench_isolated`)."""
     rows = []
     for label, build in models():
         if only is not None and only not in label:
@@ -215,12 +234,21 @@ def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Pat
                 seconds[column], ratio[column] = old_seconds[column], old_ratio[column]
                 best[column] = best_ratio(child, RUNNERS[0][0])[column]
                 row["old_release_bare_seconds"] = old_seconds[RUNNERS[0][0]]
+        if isolated:
+            row["isolated"] = bench_isolated(label, repeats, steady)
+            if old is not None and old_release.COLUMN in ratio:
+                row["isolated"][old_release.COLUMN] = {"ratio": ratio[old_release.COLUMN],
+                                                       "best_ratio": best[old_release.COLUMN]}
         rows.append(row)
         shown = "  ".join(f"{k} {v * 1e3:.1f} ms ({ratio[k]:.3f}x, best {best[k]:.3f}x)" for k, v in seconds.items())
         versus = "; ".join(f"minus {peer} {p['median_ms']:+.1f} ms "
                            f"[{p['interval_ms'][0]:+.1f}, {p['interval_ms'][1]:+.1f}],"
                            f" faster in {p['rounds_faster']}/{p['rounds']}" for peer, p in paired.items())
         print(f"{label:34s} {shown}\n{'':34s} trace {versus}", flush=True)
+        if isolated:
+            alone = "  ".join(f"{tool} {v['ratio']:.3f}x (best {v['best_ratio']:.3f}x)"
+                              for tool, v in row["isolated"].items())
+            print(f"{'':34s} each alone with the bare forward: {alone}", flush=True)
     return rows
 
 
@@ -464,6 +492,8 @@ def main() -> None:
                         help="time with process CPU time and one torch thread (for a shared machine)")
     parser.add_argument("--steady-allocator", action="store_true",
                         help="have glibc's malloc keep freed memory, so no timed call page-faults (in-process rows)")
+    parser.add_argument("--isolated", action="store_true",
+                        help="also time each tool alone with the bare forward in a child process, as 0.1.3 is timed")
     parser.add_argument("--only", default=None, metavar="NAME",
                         help="only the in-process models whose label contains NAME; skip the rest")
     parser.add_argument("--skip-cli", action="store_true", help="leave out the command-line cold starts")
@@ -498,7 +528,7 @@ def main() -> None:
     if args.cli_only:
         results["cli"] = bench_cli(args.cli_repeats, old)
     else:
-        results["in_process"] = bench_in_process(args.repeats, args.only, old, args.steady_allocator)
+        results["in_process"] = bench_in_process(args.repeats, args.only, old, args.steady_allocator, args.isolated)
     if args.only is None and not args.cli_only:
         if not args.skip_cli:
             results["cli"] = bench_cli(args.cli_repeats, old)
