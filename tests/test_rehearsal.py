@@ -357,6 +357,25 @@ def test_eager_attention_adds_the_score_matrices_of_functional_attention() -> No
     assert make_plan(graph, attention="eager")["plan"]["cost"]["breakdown"]["attentionScoresGb"] > 0
 
 
+@pytest.mark.slow  # seconds: the full run's
+def test_a_model_stored_in_16_bits_plans_as_the_same_model_in_float32() -> None:
+    """The rehearsed step holds a 16-bit model's trainable weights as float32 masters, so its
+    residual stream is float32: what checkpointing keeps of each block (its output) is counted so
+    too, and every line of the plan equals the float32 model's."""
+    model, vocab = _small("llama")
+    ids = torch.randint(0, vocab, (1, 128))
+    graphs = {dtype: trace_model(copy.deepcopy(model).to(dtype), ids) for dtype in (torch.float32, torch.bfloat16)}
+    assert graphs[torch.bfloat16]["measured"]["paramBytes"] * 2 == graphs[torch.float32]["measured"]["paramBytes"]
+    steps = {}
+    for dtype, graph in graphs.items():
+        a = analyse(graph, seq_len=512, attention="eager")
+        blocks = find_blocks(a.structure, a.structure_counts)
+        assert blocks.layers == 2 and blocks.checkpoint_saving > 0
+        step = tuning(a, blocks)
+        steps[dtype] = (blocks.boundary_bytes, step.acts, [other[1] for other in step.others])
+    assert steps[torch.bfloat16] == steps[torch.float32]
+
+
 @pytest.mark.parametrize("layers", [2, 3])
 def test_checkpointing_keeps_the_score_matrices_of_the_recomputed_block_alone(layers: int) -> None:
     """With activation checkpointing a block keeps only its output; the block being recomputed in

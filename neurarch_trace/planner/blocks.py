@@ -23,7 +23,9 @@ A block's bytes are what the rehearsed training step saw it save for backward
 has it, else the sum of its layers' ``measured.savedBytes`` or output elements at the memory
 model's bytes per element. What leaves a block is its boundary layers' outputs
 (``measured.outputBytes``: in their dtype as traced, float32 for a float model, which autocast
-keeps for transformers' residual stream and halves for a convolutional net's: an overcount there).
+keeps for transformers' residual stream and halves for a convolutional net's: an overcount there;
+a model stored in 16 bits counts them as the same model stored in float32, as its rehearsed step
+held float32 master weights).
 """
 
 from __future__ import annotations
@@ -117,11 +119,23 @@ def layer_bytes(node: Node, batch: int) -> float:
     return elements * ACTIVATION_BYTES
 
 
-def output_bytes(node: Node, batch: int) -> float:
+#: 16-bit floating dtypes: a model stored in one trains with float32 master weights
+#: (``measured.training.upcastParams``), which make its residual stream float32.
+_HALF = frozenset({"float16", "half", "bfloat16"})
+
+
+def output_bytes(node: Node, batch: int, upcast: bool = False) -> float:
     """What a layer's outputs take per sample, in bytes: ``measured.outputBytes`` / batch (their
-    dtype as traced) when recorded, else :func:`layer_bytes`."""
+    dtype as traced) when recorded, else :func:`layer_bytes`. ``upcast``: the model stores its
+    trainable weights in 16 bits and the rehearsed step held them as float32 master weights, so a
+    16-bit output counts at float32's 4 bytes, as in the same model stored in float32 (whose plan
+    this one's then equals)."""
     recorded = measured_int(node.measured, "outputBytes")
-    return recorded / max(1, batch) if recorded is not None else layer_bytes(node, batch)
+    found = recorded / max(1, batch) if recorded is not None else layer_bytes(node, batch)
+    raw = node.measured.get("outputDtype")
+    if upcast and isinstance(raw, str) and raw.rsplit(".", 1)[-1].lower() in _HALF:
+        return 2 * found
+    return found
 
 
 def _scope_saved(graph: Graph) -> dict[str, float]:
@@ -168,10 +182,12 @@ def find_blocks(graph: Graph, counts: Counts) -> Blocks:
                 blocks.append(Block(key, group, tuple(n.id for n in nodes), sum(params.get(n.id, 0) for n in nodes),
                                     saved / max(1, batch) if saved is not None
                                     else sum(layer_bytes(n, batch) for n in nodes)))
+    training = graph.measured.get("training")
+    upcast = isinstance(training, dict) and (measured_int(training, "upcastParams") or 0) > 0
     boundary = 0.0
     for node_id, key in where.items():
         if any(where.get(s) != key for s in graph.succs.get(node_id, [])):
-            boundary += output_bytes(graph.by_id[node_id], batch)
+            boundary += output_bytes(graph.by_id[node_id], batch, upcast)
     return Blocks(
         blocks=blocks,
         block_bytes=sum(b.saved_bytes for b in blocks),
