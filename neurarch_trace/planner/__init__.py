@@ -36,7 +36,7 @@ from neurarch_trace.planner.memory import (
     MASTER_WEIGHT_BYTES,
     WEIGHT16_BYTES,
 )
-from neurarch_trace.planner.sizing import OptionError, check_options, sizing
+from neurarch_trace.planner.sizing import OptionError, Sizing, check_options, sizing
 from neurarch_trace.planner.sizing_fields import cost_fields, finetune_fields, fit_fields, serve_fields
 
 __all__ = ["ATTENTION_MODES", "GraphError", "OptionError", "PLAN_SCHEMA", "make_plan", "target_label"]
@@ -109,6 +109,23 @@ def _check_options(seq_len: Optional[int], attention: Optional[str]) -> None:
         raise ValueError("attention must be one of sdpa, flash or eager")
 
 
+def _memory(a: Analysis, sized: Sizing, batch: int) -> Dict[str, Any]:
+    """The plan's ``memory`` (:meth:`MemoryModel.as_plan` at ``batch``), its ``peakPhase`` the
+    phase that peaks per GPU in the chosen setup at its batch per GPU, where the setup divides the
+    memory model's phases (full training): on several GPUs the states are divided and the phase
+    that peaks can be another than on one."""
+    memory = a.memory.as_plan(batch)
+    choice = sized.choice
+    phases = a.memory.phases
+    if choice is None or len(phases) < 2 or len(choice.setup.lines) != len(phases):
+        return memory
+    main = a.memory.peak(1)  # the setup's own line; its others in the memory model's order
+    names = [main.phase] + [p.phase for p in phases if p is not main]
+    peak = choice.setup.at(choice.batch)
+    memory["peakPhase"] = next(name for name, s in zip(names, (choice.setup, *choice.setup.others)) if s is peak)
+    return memory
+
+
 def make_plan(
     graph: Any,
     *,
@@ -170,7 +187,7 @@ def make_plan(
             "details": [issue.as_dict() for issue in a.blockers],
         },
         "fit": fit_fields(sized),
-        "memory": a.memory.as_plan(cost["batch"]),
+        "memory": _memory(a, sized, cost["batch"]),
         "cost": cost,
         "finetune": finetune_fields(a, sized),
         "serve": serve_fields(sized),
