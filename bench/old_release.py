@@ -18,12 +18,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from trace_models import child_env
+from trace_models import child_env, child_model, rounds, run_child
 
 VERSION = "0.1.3"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "neurarch-trace" / "bench"
@@ -61,36 +60,17 @@ def in_process(folder: Path, label: str, repeats: int, cpu_time: bool,
     command = [sys.executable, str(Path(__file__).resolve()), label, str(repeats)]
     command += ["--cpu-time"] if cpu_time else []
     command += ["--steady-allocator"] if steady else []
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env(folder))
-    if done.returncode != 0:
-        print(f"neurarch-trace {VERSION} on {label}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}",
-              file=sys.stderr)
-        return None
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(command, child_env(folder), f"neurarch-trace {VERSION} on {label}")
 
 
 def _child(label: str, repeats: int, cpu_time: bool, steady: bool) -> None:
     import torch
-    from allocator import steady_allocator
-    from trace_models import models, rounds
 
-    if steady:
-        problem = steady_allocator()
-        if problem:
-            raise SystemExit(f"--steady-allocator: {problem}")
-
+    model, args, kwargs, clock = child_model(label, cpu_time, steady)
     import neurarch_trace
 
     if getattr(neurarch_trace, "__version__", None) != VERSION:
         raise SystemExit(f"expected neurarch-trace {VERSION} first on PYTHONPATH, found {neurarch_trace.__file__}")
-    clock = time.perf_counter
-    if cpu_time:
-        clock = time.process_time
-        torch.set_num_threads(1)
-    torch.manual_seed(0)
-    build = dict(models())[label]
-    model, args, kwargs = build()
-    model.eval()
 
     def bare() -> None:
         with torch.no_grad():

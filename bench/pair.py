@@ -15,13 +15,11 @@ one JSON line: the times of both.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from trace_models import child_env
+from trace_models import child_env, child_model, rounds, run_child
 
 #: The tools a child can time alone (``bench_trace.RUNNERS``' columns, the bare forward aside).
 TOOLS = ("neurarch-trace", "torchinfo", "FlopCounterMode")
@@ -33,34 +31,16 @@ def in_process(label: str, tool: str, repeats: int, cpu_time: bool, steady: bool
     command = [sys.executable, str(Path(__file__).resolve()), label, str(repeats), tool]
     command += ["--cpu-time"] if cpu_time else []
     command += ["--steady-allocator"] if steady else []
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env())
-    if done.returncode != 0:
-        print(f"{tool} alone on {label}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}", file=sys.stderr)
-        return None
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(command, child_env(), f"{tool} alone on {label}")
 
 
 def _child(label: str, repeats: int, tool: str, cpu_time: bool, steady: bool) -> None:
-    if steady:
-        from allocator import steady_allocator
-
-        problem = steady_allocator()
-        if problem:
-            raise SystemExit(f"--steady-allocator: {problem}")
-    import torch
-    from bench_trace import RUNNERS
-    from trace_models import models, rounds
-
-    makers = dict(RUNNERS)
     if tool not in TOOLS:
         raise SystemExit(f"unknown tool {tool!r}; give one of {', '.join(TOOLS)}")
-    clock = time.perf_counter
-    if cpu_time:
-        clock = time.process_time
-        torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model, args, kwargs = dict(models())[label]()
-    model.eval()
+    model, args, kwargs, clock = child_model(label, cpu_time, steady)
+    from bench_trace import RUNNERS
+
+    makers = dict(RUNNERS)
     base = RUNNERS[0][0]
     call = makers[tool](model, args, kwargs)
     if call is None:

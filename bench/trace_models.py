@@ -10,8 +10,10 @@ BERT-base configs (1x128 token ids) and ConvNeXt-T (``ConvNextModel``, default c
 from __future__ import annotations
 
 import gc
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +38,37 @@ def child_env(first_on_path: Optional[Path] = None) -> Dict[str, str]:
     if first_on_path is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(first_on_path)] + [p for p in [env.get("PYTHONPATH")] if p])
     return env
+
+
+def run_child(command: List[str], env: Dict[str, str], what: str) -> Optional[Dict[str, List[float]]]:
+    """Run a timing child (``old_release.py``, ``pair.py``) and return the times its last stdout
+    line holds (JSON); None when it failed, with its last stderr line, after ``what``, on stderr."""
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        print(f"{what}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def child_model(label: str, cpu_time: bool, steady: bool) -> Tuple[nn.Module, tuple, dict, Callable[[], float]]:
+    """In a timing child: the model labelled ``label`` (built after ``torch.manual_seed(0)``, in
+    ``eval()``), its inputs, and the clock, set up as ``bench_trace.py`` sets up its own process
+    (``cpu_time``: process CPU time and one torch thread; ``steady``: ``allocator.steady_allocator``).
+    Raises ``SystemExit`` when the allocator cannot be made steady."""
+    if steady:
+        from allocator import steady_allocator
+
+        problem = steady_allocator()
+        if problem:
+            raise SystemExit(f"--steady-allocator: {problem}")
+    clock: Callable[[], float] = time.perf_counter
+    if cpu_time:
+        clock = time.process_time
+        torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, args, kwargs = dict(models())[label]()
+    model.eval()
+    return model, args, kwargs, clock
 
 
 def models() -> List[Tuple[str, Callable[[], Model]]]:

@@ -93,6 +93,11 @@ def block_of(node: Node) -> tuple[str, str] | None:
     return _path_key(node.name) or _path_key(node.scope)
 
 
+def _dtype_name(raw: object) -> str | None:
+    """``"float16"`` of ``"torch.float16"`` or ``"Float16"``; None for what is not a string."""
+    return raw.rsplit(".", 1)[-1].lower() if isinstance(raw, str) else None
+
+
 def layer_bytes(node: Node, batch: int) -> float:
     """What a layer keeps for backward per sample, in bytes: ``measured.savedBytes`` / batch when
     recorded, else its output elements (``measured.outputShapes`` or ``outputShape``) at 2 bytes
@@ -110,8 +115,7 @@ def layer_bytes(node: Node, batch: int) -> float:
         elements = numel(node.output_shape)
     if elements is None:
         return 0.0
-    raw = node.measured.get("outputDtype") or node.measured.get("dtype")
-    dtype = raw.rsplit(".", 1)[-1].lower() if isinstance(raw, str) else None
+    dtype = _dtype_name(node.measured.get("outputDtype") or node.measured.get("dtype"))
     if node.type == "input":
         return elements * DTYPE_BYTES.get(dtype or "", INPUT_FLOAT_BYTES)
     if dtype in DTYPE_BYTES and dtype not in _FLOAT:
@@ -132,8 +136,7 @@ def output_bytes(node: Node, batch: int, upcast: bool = False) -> float:
     this one's then equals)."""
     recorded = measured_int(node.measured, "outputBytes")
     found = recorded / max(1, batch) if recorded is not None else layer_bytes(node, batch)
-    raw = node.measured.get("outputDtype")
-    if upcast and isinstance(raw, str) and raw.rsplit(".", 1)[-1].lower() in _HALF:
+    if upcast and _dtype_name(node.measured.get("outputDtype")) in _HALF:
         return 2 * found
     return found
 

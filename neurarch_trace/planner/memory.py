@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neurarch_trace.contract import ATTENTION_TYPES, Graph, Node, numel, parse_shape
-from neurarch_trace.planner.counts import Counts
+from neurarch_trace.planner.counts import Counts, measured_int
 from neurarch_trace.planner.estimate import size
 from neurarch_trace.planner.workload import Workload
 
@@ -275,8 +275,7 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
     phases = [_measured_phase(raw, work.scale, eager) for raw in peaks]
     if any(p is None for p in phases):
         return None, "measured.training.peaks is malformed"
-    calls = att.get("sdpaCalls") if attention == "eager" else 0
-    calls = calls if isinstance(calls, int) and not isinstance(calls, bool) and calls > 0 and any(eager) else 0
+    calls = (measured_int(att, "sdpaCalls") or 0) if attention == "eager" and any(eager) else 0
     return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls), ""
 
 
