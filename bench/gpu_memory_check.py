@@ -1,174 +1,497 @@
-"""Compare the plan's training-step predictions with a real GPU: peak memory and step time.
+"""Check the card's numbers on a real GPU: peak memory and step time of training (full, with
+activation checkpointing, LoRA) and the decode step of serving, against the planner's predictions.
 
-For each example model the script traces the model (CPU, batch 1), asks the planner library (no
-HTTP) for the card's memory model, then runs real training steps on the GPU at several batch sizes
-with mixed precision (``torch.autocast`` in bf16, fp32 master weights, ``torch.optim.AdamW``
-foreach, the loss the rehearsal computes: cross-entropy in float32 on the primary output), and
-reports, per model and batch:
+Three steps, so that the GPU machine runs only PyTorch (and transformers, PEFT) and the prediction
+runs where the project is installed::
 
-* predicted peak = the memory model's peak at that batch (``analyse(graph).memory.peak_bytes``, the
-  number behind ``plan.cost.peakGb``) minus the plan's 1 GB framework allowance
-  (``max_memory_allocated`` does not see the CUDA context), against
-  ``torch.cuda.max_memory_allocated()`` over the second step (GB = 10^9 bytes);
-* predicted step time = 3 x forward FLOPs x batch / (the GPU's dense bf16 peak x the plan's MFU),
-  against the median of timed steps after warm-up (``torch.cuda.synchronize`` around each).
+    python bench/gpu_memory_check.py predict --out bench/results/gpu_cases.json      # here, no GPU
+    python bench/gpu_memory_check.py measure --cases bench/results/gpu_cases.json \\
+        --out rows.jsonl                                                             # on the GPU
+    python bench/gpu_memory_check.py report --cases bench/results/gpu_cases.json \\
+        --rows rows.jsonl --out bench/results/gpu_check.json                         # README's table
 
-Run on a machine with a CUDA GPU:
+(``all`` does the three in one process on a machine that has both.)
 
-    python bench/gpu_memory_check.py --gpu H200 --out results/gpu_check.json
+**Predicted** (``predict``): each model is traced at batch 1 (the large LLaMA configs on the meta
+device, as the CLI builds them), and the planner's own functions give, for one GPU:
 
-``--device cpu`` runs the same code path without measuring memory (a smoke test of the script).
-This file needs only torch (and transformers for the BERT and GPT-2 configs).
+* training: ``footprint(tuning(...), "single", 1, checkpoint).peak_bytes(batch)`` (the per-GPU
+  peak behind ``plan.fit`` and ``plan.cost.peakGb``, for ``full`` or ``lora`` at LoRA rank
+  ``DEFAULT_RANK``), less the plan's 1 GB framework allowance;
+* serving: weights + KV cache + one decode step at ``context`` x ``batch`` (``planner.serve``),
+  less the allowance;
+* step time: training FLOPs x batch / (the GPU's dense bf16 peak x the plan's MFU), the number
+  behind ``plan.cost``; the report gives the MFU the GPU actually reached instead.
+
+``max_memory_allocated`` does not see the CUDA context, which the allowance stands for: ``measure``
+records it separately as the process's device memory outside PyTorch's pool (``mem_get_info``).
+
+**Measured** (``measure``), nothing from this project imported: the model is built on the GPU, and
+
+* full training: float32 parameters, ``torch.autocast("cuda", torch.bfloat16)``, the loss the
+  rehearsal computes (cross-entropy in float32 on the primary output), backward,
+  ``torch.optim.AdamW(foreach=True)``; checkpointing is transformers'
+  ``gradient_checkpointing_enable(use_reentrant=False)`` (one checkpoint per decoder layer);
+* LoRA: the base in bfloat16, PEFT's ``LoraConfig(r, target_modules="all-linear")`` (PEFT keeps
+  the adapters in float32), the same step over the adapters;
+* serving: the model in bfloat16, ``eval()``, a prefill of ``context - 1`` tokens into the KV cache
+  (``use_cache=True``, logits of the last token only), then one decode step, whose peak is read.
+
+The peak is ``torch.cuda.max_memory_allocated()`` over the third step (the first two allocate
+AdamW's moments and settle the allocator), in GB = 10^9 bytes; ``max_memory_reserved`` shows what
+the caching allocator held around it (the plan's x1.15 headroom stands for that). Step time is the
+median of three timed steps, ``torch.cuda.synchronize()`` around each.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import gc
 import json
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples" / "models"))
 
-from neurarch_trace import trace_model  # noqa: E402
-from neurarch_trace.planner import make_plan  # noqa: E402
-from neurarch_trace.planner.analysis import analyse  # noqa: E402
-from neurarch_trace.planner.gpus import gpu_table  # noqa: E402
-from neurarch_trace.planner.memory import FRAMEWORK_ALLOWANCE_BYTES  # noqa: E402
+GB = 1e9
+LORA_RANK = 16  # the planner's DEFAULT_RANK; `predict` checks that they agree
 
 
-def example_models(include_hf: bool):
-    """(label, factory, make_batch(batch, device), loss_fn(output, batch))."""
-    import gpt
+# --- models: built the same way on both sides -----------------------------------------------------
+
+
+def _llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int = 32000,
+           positions: int = 4096) -> Callable[..., nn.Module]:
+    def build(attention: str = "sdpa") -> nn.Module:
+        import transformers as tf
+        config = tf.LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                                num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                                max_position_embeddings=positions, attn_implementation=attention)
+        # use_cache stays True (the config's default): a plain training loop then keeps the forward's
+        # KV cache in its output, and the trace runs on meta (with use_cache=False, transformers
+        # looks at the position ids' values for packed sequences, which the meta device lacks)
+        return tf.LlamaForCausalLM(config)
+    return build
+
+
+def _bert(attention: str = "sdpa") -> nn.Module:
+    import transformers as tf
+    return tf.BertModel(tf.BertConfig(attn_implementation=attention))
+
+
+def _gpt2(attention: str = "sdpa") -> nn.Module:
+    import transformers as tf
+    return tf.GPT2LMHeadModel(tf.GPT2Config(use_cache=False, attn_implementation=attention))
+
+
+def _resnet50(attention: str = "sdpa") -> nn.Module:
     import resnet
+    return resnet.ResNet50()
+
+
+def _vit(attention: str = "sdpa") -> nn.Module:
     import vit
-
-    def images(size: int, classes: int):
-        def make(batch: int, device: str):
-            images = torch.randn(batch, 3, size, size, device=device)
-            return (images,), torch.randint(0, classes, (batch,), device=device)
-        return make
-
-    def tokens(length: int, vocab: int):
-        def make(batch: int, device: str):
-            ids = torch.randint(0, vocab, (batch, length), device=device)
-            return (ids,), ids
-        return make
-
-    def classify(out, target):
-        logits = out.logits if hasattr(out, "logits") else out
-        return nn.functional.cross_entropy(logits.float(), target)
-
-    def next_token(out, ids):
-        # the rehearsal's loss on a 3-D output: cross-entropy over its last axis, in float32
-        x = out.logits if hasattr(out, "logits") else getattr(out, "last_hidden_state", out)
-        return nn.functional.cross_entropy(x.float().flatten(0, 1), (ids % x.shape[-1]).flatten())
-
-    yield "ResNet-18 224px", resnet.ResNet18, images(224, 1000), classify
-    yield "ResNet-50 224px", resnet.ResNet50, images(224, 1000), classify
-    yield "ViT-B/16 224px", vit.ViT_B_16, images(224, 1000), classify
-    yield "TinyGPT 256 tokens", gpt.TinyGPT, tokens(256, 8192), next_token
-    if include_hf:
-        import transformers
-
-        yield ("BERT-base 128 tokens", lambda: transformers.BertModel(transformers.BertConfig()),
-               tokens(128, 30522), next_token)
-        yield ("GPT-2 LM 512 tokens",
-               lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(use_cache=False)),
-               tokens(512, 50257), next_token)
+    return vit.ViT_B_16()
 
 
-def measure(factory, make_batch, loss_fn, batch: int, device: str, steps: int) -> dict:
+#: key -> (label, factory, input kind ("image" or "tokens"), vocabulary or classes, on meta to trace)
+MODELS: dict[str, tuple[str, Callable[..., nn.Module], str, int, bool]] = {
+    "resnet50": ("ResNet-50 224px", _resnet50, "image", 1000, False),
+    "vit": ("ViT-B/16 224px", _vit, "image", 1000, False),
+    "bert": ("BERT-base", _bert, "tokens", 30522, False),
+    "gpt2": ("GPT-2 LM", _gpt2, "tokens", 50257, False),
+    # TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32 query and 4 key/value heads)
+    "llama1b": ("LLaMA 1.1B (TinyLlama)", _llama(2048, 5632, 22, 32, 4), "tokens", 32000, True),
+    # OpenLLaMA-3B's shape (hidden 3200, 26 layers, 32 heads)
+    "llama3b": ("LLaMA 3B (OpenLLaMA)", _llama(3200, 8640, 26, 32, 32), "tokens", 32000, True),
+    # LLaMA-7B's shape (Touvron et al. 2023, table 2: hidden 4096, 32 layers, 32 heads)
+    "llama7b": ("LLaMA-7B", _llama(4096, 11008, 32, 32, 32), "tokens", 32000, True),
+}
+
+#: A small stand-in for each large config, for a dry run of the harness on a CPU (``--shrink``).
+SHRUNK = {"llama1b": _llama(256, 688, 2, 8, 2), "llama3b": _llama(320, 864, 2, 8, 8),
+          "llama7b": _llama(256, 688, 2, 8, 8)}
+
+
+def case(model: str, mode: str, batch: int, tokens: int | None = None, checkpoint: bool = False,
+         traced: int | None = None, attention: str = "sdpa") -> dict:
+    """One measurement: ``traced`` tokens to trace at (default ``tokens``; else the plan rescales
+    to ``tokens`` as ``--seq-len`` does), ``attention`` as the plan's option and the model's
+    ``attn_implementation`` (``sdpa`` or ``eager``)."""
+    tag = (f"{model}-{mode}{'-ckpt' if checkpoint else ''}{'-eager' if attention == 'eager' else ''}-b{batch}"
+           + (f"-t{tokens}" if tokens else "") + (f"-from{traced}" if traced and traced != tokens else ""))
+    return {"id": tag, "model": model, "mode": mode, "batch": batch, "tokens": tokens, "checkpoint": checkpoint,
+            "traced": traced or tokens, "attention": attention}
+
+
+#: The cases, most telling first (a run cut short by its time limit keeps the ones done).
+CASES = [
+    case("llama7b", "lora", 1, 1024), case("llama7b", "lora", 4, 1024),
+    case("llama7b", "lora", 8, 1024, checkpoint=True),
+    case("llama7b", "serve", 4, 2048), case("llama7b", "serve", 16, 2048), case("llama7b", "serve", 8, 4096),
+    case("llama3b", "full", 1, 2048), case("llama3b", "full", 2, 2048),
+    case("llama3b", "full", 4, 2048, checkpoint=True),
+    case("llama1b", "full", 2, 1024), case("llama1b", "full", 8, 1024),
+    case("llama1b", "full", 32, 1024, checkpoint=True),
+    case("gpt2", "full", 8, 512), case("gpt2", "full", 32, 512), case("gpt2", "full", 32, 512, checkpoint=True),
+    case("bert", "full", 32, 128), case("bert", "full", 128, 128),
+    case("vit", "full", 32), case("vit", "full", 128),
+    case("resnet50", "full", 32), case("resnet50", "full", 128),
+    # the plan needs two H100s for this; one H200 holds it or runs out of memory, either tells
+    case("llama7b", "full", 1, 512, checkpoint=True),
+]
+
+#: A second set, predicted before it was measured: other batches and lengths, checkpointing on
+#: BERT and GPT-2 at new sizes, plans rescaled from a short trace (``--seq-len``), and eager attention.
+HELD_OUT = [
+    case("llama1b", "full", 4, 2048, traced=256), case("llama1b", "full", 16, 2048, checkpoint=True, traced=256),
+    case("llama1b", "full", 4, 1024, attention="eager"),
+    case("llama1b", "full", 16, 1024, checkpoint=True, attention="eager"),
+    case("gpt2", "full", 16, 1024, traced=128), case("gpt2", "full", 64, 1024, checkpoint=True),
+    case("bert", "full", 32, 512), case("bert", "full", 128, 512, checkpoint=True),
+    case("bert", "full", 64, 128, attention="eager"),
+    case("llama3b", "full", 16, 2048, checkpoint=True), case("llama3b", "full", 4, 1024),
+    case("llama7b", "lora", 2, 2048), case("llama7b", "lora", 16, 2048, checkpoint=True),
+    case("llama7b", "serve", 32, 4096),
+    case("vit", "full", 256), case("resnet50", "full", 256),
+    case("llama7b", "full", 2, 1024, checkpoint=True),
+]
+
+
+def make_batch(model: str, batch: int, tokens: int | None, device: str | torch.device) -> tuple[tuple, torch.Tensor]:
+    """``(inputs, target)``: float32 images ``(batch, 3, 224, 224)`` and class ids, or token ids
+    ``(batch, tokens)`` (the target is the ids themselves)."""
+    _, _, kind, classes, _ = MODELS[model]
+    if kind == "image":
+        return (torch.randn(batch, 3, 224, 224, device=device),), torch.randint(0, classes, (batch,), device=device)
+    ids = torch.randint(0, classes, (batch, tokens), device=device)
+    return (ids,), ids
+
+
+def loss_fn(out: Any, target: torch.Tensor) -> torch.Tensor:
+    """The rehearsal's loss: cross-entropy in float32 on the primary output (over the last axis of a
+    3-D output, the target taken modulo its width, as ``bench/training_memory.py`` does)."""
+    x = out.logits if hasattr(out, "logits") else getattr(out, "last_hidden_state", out)
+    if x.dim() == 2:
+        return nn.functional.cross_entropy(x.float(), target)
+    return nn.functional.cross_entropy(x.float().flatten(0, 1), (target % x.shape[-1]).flatten())
+
+
+# --- predict (needs this project; no GPU) ---------------------------------------------------------
+
+
+def predict(cases: list[dict], gpu_id: str, shrink: bool = False) -> dict:
+    """The planner's numbers for each case (see the module docstring)."""
+    sys.path.insert(0, str(ROOT))
+    from neurarch_trace import trace_model
+    from neurarch_trace.planner.analysis import analyse
+    from neurarch_trace.planner.blocks import find_blocks
+    from neurarch_trace.planner.finetune import DEFAULT_RANK, tuning
+    from neurarch_trace.planner.gpus import gpu_table
+    from neurarch_trace.planner.memory import FRAMEWORK_ALLOWANCE_BYTES
+    from neurarch_trace.planner.serve import kv_layout, step_bytes, weight_bytes
+    from neurarch_trace.planner.strategy import footprint
+
+    if DEFAULT_RANK != LORA_RANK:
+        raise SystemExit(f"LORA_RANK ({LORA_RANK}) differs from the planner's DEFAULT_RANK ({DEFAULT_RANK})")
+    gpu = gpu_table().by_id(gpu_id)
+    traced: dict[tuple, Any] = {}
+    out = []
+    for c in cases:
+        key = (c["model"], c["traced"] if c["mode"] != "serve" else None)
+        if key not in traced:
+            label, factory, kind, _, on_meta = MODELS[c["model"]]
+            factory = SHRUNK.get(c["model"], factory) if shrink else factory
+            tokens = c["traced"] if c["mode"] != "serve" else 16
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            with torch.device("meta") if on_meta else contextlib.nullcontext():
+                model = factory()
+            inputs, _ = make_batch(c["model"], 1, tokens, "meta" if on_meta else "cpu")
+            graph = trace_model(model, inputs)
+            traced[key] = graph
+            print(f"traced {label} at {tokens or '224px'} in {time.perf_counter() - start:.1f} s", flush=True)
+            del model
+        resized = c["mode"] != "serve" and c["tokens"] and c["tokens"] != c["traced"]
+        a = analyse(traced[key], seq_len=c["tokens"] if resized else None, attention=c["attention"])
+        blocks = find_blocks(a.structure, a.structure_counts)
+        row = {**c, "label": MODELS[c["model"]][0], "gpu": gpu.id, "params": a.counts.params,
+               "memorySource": a.memory.source}
+        if c["mode"] == "serve":
+            layout = kv_layout(a.structure)
+            kv = layout.bytes_per_token() * c["tokens"] * c["batch"]
+            weights = weight_bytes(a, "bf16")
+            step = step_bytes(a, True, c["tokens"]) * c["batch"]
+            row.update(predictedGb=(weights + kv + step) / GB, weightsGb=weights / GB, kvGb=kv / GB,
+                       decodeStepGb=step / GB)
+        else:
+            step = tuning(a, blocks, c["mode"], DEFAULT_RANK)
+            setup = footprint(step.states, step.acts, "single", 1, c["checkpoint"], step.others)
+            phase = setup.at(c["batch"])
+            row.update(predictedGb=(setup.peak_bytes(c["batch"]) - FRAMEWORK_ALLOWANCE_BYTES) / GB,
+                       predictedStateGb=(phase.static_bytes - FRAMEWORK_ALLOWANCE_BYTES) / GB,
+                       predictedPerSampleGb=phase.per_sample_bytes / GB,
+                       trainFlops=step.train_flops(c["checkpoint"]) * c["batch"], mfu=a.mfu,
+                       predictedStepS=step.train_flops(c["checkpoint"]) * c["batch"] / (gpu.peak_tflops * 1e12 * a.mfu),
+                       trainable=step.trainable)
+        out.append(row)
+    return {"gpu": gpu.id, "peakTflops": gpu.peak_tflops, "frameworkAllowanceGb": FRAMEWORK_ALLOWANCE_BYTES / GB,
+            "cases": out}
+
+
+# --- measure (torch, transformers and PEFT only) --------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _outside_pool_gb(device: torch.device) -> float | None:
+    """Device memory this process holds outside PyTorch's pool (CUDA context, kernels, library
+    handles), in GB: used device memory less what the caching allocator has reserved. Assumes
+    nothing else runs on the GPU."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free - torch.cuda.memory_reserved()) / GB
+
+
+def _build(c: dict, device: torch.device, shrink: bool) -> nn.Module:
+    factory = MODELS[c["model"]][1]
+    factory = SHRUNK.get(c["model"], factory) if shrink else factory
+    factory = functools.partial(factory, attention=c.get("attention", "sdpa"))
     torch.manual_seed(0)
-    model = factory().to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    inputs, target = make_batch(batch, device)
-    dtype = torch.bfloat16
+    if c["mode"] == "full":
+        with device:
+            return factory()
+    # LoRA and serving: a 16-bit base, built in bfloat16 on the device
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with device:
+            model = factory()
+    finally:
+        torch.set_default_dtype(default)
+    if c["mode"] == "lora":
+        import peft
+        model = peft.get_peft_model(model, peft.LoraConfig(r=LORA_RANK, target_modules="all-linear"))
+    return model
+
+
+def _train(model: nn.Module, c: dict, device: torch.device, steps: int) -> dict:
+    model.train()
+    if c["checkpoint"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5, foreach=True)
+    inputs, target = make_batch(c["model"], c["batch"], c["tokens"], device)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=device, dtype=dtype):
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
             out = model(*inputs)
             loss = loss_fn(out, target)
         loss.backward()
         optimizer.step()
         del out, loss
 
-    step()  # the first step allocates the optimizer state: a steady step carries it
-    if device == "cuda":
-        torch.cuda.synchronize()
+    step()
+    step()
+    _sync(device)
+    row: dict[str, Any] = {}
+    if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        row["stateGb"] = torch.cuda.memory_allocated() / GB
     step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
+    _sync(device)
+    if device.type == "cuda":
+        row.update(measuredGb=torch.cuda.max_memory_allocated() / GB,
+                   reservedGb=torch.cuda.max_memory_reserved() / GB, outsidePoolGb=_outside_pool_gb(device))
     times = []
     for _ in range(steps):
-        if device == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
         start = time.perf_counter()
         step()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
         times.append(time.perf_counter() - start)
-    if device == "cuda":
-        peak = max(peak, torch.cuda.max_memory_allocated())
-    return {"measured_peak_gb": None if peak is None else peak / 1e9, "step_s": statistics.median(times)}
+    row["stepS"] = statistics.median(times)
+    row["trainableMeasured"] = sum(p.numel() for p in params)
+    return row
+
+
+@torch.no_grad()
+def _serve(model: nn.Module, c: dict, device: torch.device) -> dict:
+    model.eval()
+    vocab = MODELS[c["model"]][3]
+    prompt = torch.randint(0, vocab, (c["batch"], c["tokens"] - 1), device=device)
+    out = model(prompt, use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    del out
+    _sync(device)
+    row: dict[str, Any] = {}
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        row["stateGb"] = torch.cuda.memory_allocated() / GB
+    start = time.perf_counter()
+    step = model(token, past_key_values=cache, use_cache=True)
+    logits = step.logits[:, -1].float()
+    _sync(device)
+    row["stepS"] = time.perf_counter() - start
+    if device.type == "cuda":
+        row.update(measuredGb=torch.cuda.max_memory_allocated() / GB,
+                   reservedGb=torch.cuda.max_memory_reserved() / GB, outsidePoolGb=_outside_pool_gb(device))
+    del step, logits, cache
+    return row
+
+
+def measure(cases: list[dict], out: Path, device: torch.device, steps: int = 3, shrink: bool = False) -> None:
+    """Measure every case, one JSON line each appended to ``out`` as it finishes; a case that runs
+    out of memory or fails is recorded as such and the next one runs."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as sink:
+        info = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                "torch": torch.__version__}
+        with contextlib.suppress(ImportError):
+            import transformers
+            info["transformers"] = transformers.__version__
+        with contextlib.suppress(ImportError):
+            import peft
+            info["peft"] = peft.__version__
+        sink.write(json.dumps({"info": info}) + "\n")
+        model, built = None, None
+        for c in cases:
+            start = time.perf_counter()
+            row: dict[str, Any] = {"id": c["id"]}
+            try:
+                key = (c["model"], c["mode"], c.get("attention"))
+                if built != key or c["mode"] == "full":
+                    model = built = None
+                    gc.collect()
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    model, built = _build(c, device, shrink), key
+                elif c["mode"] == "lora" and hasattr(model, "gradient_checkpointing_disable"):
+                    model.gradient_checkpointing_disable()
+                row.update(_serve(model, c, device) if c["mode"] == "serve" else _train(model, c, device, steps))
+            except torch.OutOfMemoryError:
+                row["oom"] = True
+                model = built = None
+            except Exception as exc:  # noqa: BLE001 - one case's failure is recorded, the rest run
+                row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+                row["traceback"] = traceback.format_exc()[-2000:]
+                model = built = None
+            row["wallS"] = round(time.perf_counter() - start, 2)
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def report(predicted: dict, rows_path: Path) -> dict:
+    """Predictions and measurements side by side, with the ratios (predicted / measured)."""
+    lines = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    info = next((line["info"] for line in lines if "info" in line), {})
+    measured = {line["id"]: line for line in lines if "id" in line}
+    rows = []
+    for c in predicted["cases"]:
+        got = measured.get(c["id"])
+        if got is None:
+            continue
+        row = {**c, **{k: v for k, v in got.items() if k != "traceback"}}
+        if got.get("measuredGb"):
+            row["peakRatio"] = c["predictedGb"] / got["measuredGb"]
+        if got.get("stepS") and c.get("trainFlops"):
+            row["measuredMfu"] = c["trainFlops"] / (got["stepS"] * predicted["peakTflops"] * 1e12)
+            row["timeRatio"] = c["predictedStepS"] / got["stepS"]
+        rows.append(row)
+    return {"gpu": predicted["gpu"], **info, "rows": rows}
+
+
+def table(result: dict) -> str:
+    """README's table (markdown)."""
+    head = ("| model | step | batch x tokens | predicted peak | measured peak | ratio | reserved | "
+            "step time | MFU (plan assumes) |")
+    lines = [head, "|" + "---|" * 9]
+    for r in result["rows"]:
+        shape = f"{r['batch']} x {r['tokens']}" if r.get("tokens") else f"{r['batch']}"
+        if r.get("traced") and r["traced"] != r.get("tokens") and r["mode"] != "serve":
+            shape += f" (traced at {r['traced']})"
+        mode = ({"full": "full", "lora": "LoRA r16", "serve": "decode"}[r["mode"]]
+                + (" + ckpt" if r["checkpoint"] else "") + (", eager" if r.get("attention") == "eager" else ""))
+        if r.get("oom"):
+            got = "out of memory"
+            lines.append(f"| {r['label']} | {mode} | {shape} | {r['predictedGb']:.2f} GB | {got} | | | | |")
+            continue
+        if r.get("error"):
+            lines.append(f"| {r['label']} | {mode} | {shape} | {r['predictedGb']:.2f} GB | error | | | | |")
+            continue
+        mfu = f"{r['measuredMfu']:.0%} ({r['mfu']:.0%})" if r.get("measuredMfu") is not None else ""
+        got = (f"{r['measuredGb']:.2f} GB | {r['peakRatio']:.3f}x | {r['reservedGb']:.2f} GB"
+               if r.get("measuredGb") else "| |")  # a CPU dry run measures no memory
+        lines.append(f"| {r['label']} | {mode} | {shape} | {r['predictedGb']:.2f} GB | {got} | "
+                     f"{r['stepS'] * 1e3:.0f} ms | {mfu} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu", default="H200", help="the GPU's id in neurarch_trace/data/gpus.json (for its peak)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--batches", default="8,32,128", help="comma-separated batch sizes")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--no-hf", action="store_true", help="skip the transformers configs")
-    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("predict", help="trace the models and write the planner's predictions (no GPU)")
+    p.add_argument("--gpu", default="H200", help="the GPU's id in neurarch_trace/data/gpus.json (for its peak)")
+    p.add_argument("--only", default=None, help="comma-separated case ids or model keys")
+    p.add_argument("--held-out", action="store_true", help="the second set of cases (HELD_OUT)")
+    p.add_argument("--shrink", action="store_true", help="small stand-ins for the large configs (a dry run)")
+    p.add_argument("--out", required=True)
+    m = sub.add_parser("measure", help="run the cases on the GPU (imports torch, transformers, peft only)")
+    m.add_argument("--cases", required=True)
+    m.add_argument("--out", required=True, help="JSON lines, appended as each case finishes")
+    m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    m.add_argument("--steps", type=int, default=3, help="timed steps per training case")
+    m.add_argument("--shrink", action="store_true")
+    r = sub.add_parser("report", help="predictions and measurements side by side")
+    r.add_argument("--cases", required=True)
+    r.add_argument("--rows", required=True)
+    r.add_argument("--out", default=None)
     args = parser.parse_args()
-    gpu = gpu_table().by_id(args.gpu)
-    batches = [int(b) for b in args.batches.split(",")]
-    rows = []
-    for label, factory, make_batch, loss_fn in example_models(include_hf=not args.no_hf):
-        torch.manual_seed(0)
-        model = factory()
-        inputs, _ = make_batch(1, "cpu")
-        graph = trace_model(model, inputs)
-        plan = make_plan(graph)["plan"]
-        memory = analyse(graph).memory
-        mfu = plan["cost"]["training"]["mfu"] if plan["cost"].get("training") else 0.40
-        flops = plan["model"]["flops"]
-        del model
-        for batch in batches:
-            predicted_gb = (memory.peak_bytes(batch) - FRAMEWORK_ALLOWANCE_BYTES) / 1e9
-            predicted_s = 3 * flops * batch / (gpu.peak_tflops * 1e12 * mfu)
-            try:
-                got = measure(factory, make_batch, loss_fn, batch, args.device, args.steps)
-            except torch.OutOfMemoryError:
-                got = {"measured_peak_gb": None, "step_s": None, "oom": True}
-            if args.device == "cuda":
-                torch.cuda.empty_cache()  # the step's model and optimizer are gone: start clean
-            row = {"model": label, "batch": batch, "memory_source": memory.source,
-                   "predicted_phase": memory.peak(batch).phase, "predicted_peak_gb": predicted_gb,
-                   "predicted_step_s": predicted_s, "mfu": mfu, **got}
-            if got.get("measured_peak_gb"):
-                row["peak_ratio"] = predicted_gb / got["measured_peak_gb"]
-            if got.get("step_s"):
-                row["time_ratio"] = predicted_s / got["step_s"]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    if args.out:
+    if args.command == "predict":
+        cases = HELD_OUT if args.held_out else CASES
+        if args.only:
+            wanted = set(args.only.split(","))
+            cases = [c for c in cases if c["id"] in wanted or c["model"] in wanted]
+        result = predict(cases, args.gpu, args.shrink)
+        result["shrunk"] = args.shrink
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-        Path(args.out).write_text(json.dumps({"gpu": args.gpu, "device": device, "torch": torch.__version__,
-                                              "rows": rows}, indent=2) + "\n")
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        for row in result["cases"]:
+            print(f"{row['id']}: {row['predictedGb']:.3f} GB")
+    elif args.command == "measure":
+        predicted = json.loads(Path(args.cases).read_text())
+        measure(predicted["cases"], Path(args.out), torch.device(args.device), args.steps,
+                args.shrink or predicted.get("shrunk", False))
+    else:
+        result = report(json.loads(Path(args.cases).read_text()), Path(args.rows))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(table(result))
 
 
 if __name__ == "__main__":
