@@ -190,14 +190,37 @@ def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
 
 def _activations(a: Analysis, blocks: Blocks, extra: float, phase: PhasePeak | None = None) -> Activations:
     """Bytes per sample of ``phase`` (the memory model's phase with the most, by default) plus
-    ``extra``, and with activation checkpointing what leaves the blocks instead of what they keep,
-    eager attention's score matrices included (:func:`_scores_saving`)."""
+    ``extra``, and what the phase holds with activation checkpointing (``None`` when checkpointing
+    frees nothing).
+
+    With checkpointing, every phase holds what it did less the blocks' insides (each block keeps its
+    output, the next block's input) and less eager attention's score matrices (``before``: the
+    forward, the loss and the backward down to the last block, the loss's transients included). A
+    backward phase also meets the recompute of one block (``during``): it runs after the backward of
+    the layers above the blocks (the loss and the output layer), whose transients are gone by then,
+    so the phase holds the forward's activations outside the blocks, the blocks' outputs (at most
+    what the phase held), and one block's activations and score matrices
+    (:func:`_scores_saving`). The phase's bytes are the larger of the two (Chen et al. 2016,
+    "Training Deep Nets with Sublinear Memory Cost", section 3: the peak of the backward is the
+    kept outputs plus one segment's activations; the two are not alive together with the loss's).
+    Measured against real steps on an H200 (``bench/gpu_memory_check.py``)."""
     if phase is None:
         phase = max(a.memory.phases, key=lambda p: p.per_sample_bytes)
     plain = phase.per_sample_bytes + extra
+    scale = a.work.scale
     scores = phase.per_sample.get("attentionScores", 0.0)
-    saving = blocks.checkpoint_saving * a.work.scale + _scores_saving(a, blocks, scores)
-    return Activations(plain, max(plain - saving, 0.0) if saving > 0 else None)
+    freed_scores = _scores_saving(a, blocks, scores)
+    if blocks.checkpoint_saving * scale + freed_scores <= 0:
+        return Activations(plain, None)
+    block_bytes, boundary = blocks.block_bytes * scale, blocks.boundary_bytes * scale
+    held = phase.per_sample.get("activations", 0.0)
+    before = plain - max(0.0, min(held, block_bytes) - boundary) - scores
+    if phase.phase != "backward":
+        return Activations(plain, max(before, 0.0))
+    outside = max(0.0, held - block_bytes)
+    during = (phase.per_sample.get("inputs", 0.0) + min(held, outside + boundary) + blocks.largest_bytes * scale
+              + scores - freed_scores + extra)
+    return Activations(plain, max(before, during, 0.0))
 
 
 def _scores_saving(a: Analysis, blocks: Blocks, scores: float) -> float:
