@@ -104,6 +104,15 @@ def _vit(attention: str = "sdpa") -> nn.Module:
     return vit.ViT_B_16()
 
 
+def _hf(config_class: str, model_class: str, **fields: object) -> Callable[..., nn.Module]:
+    """A transformers model of ``model_class`` from ``config_class(**fields)``."""
+    def build(attention: str = "sdpa") -> nn.Module:
+        import transformers as tf
+        config = getattr(tf, config_class)(attn_implementation=attention, **fields)
+        return getattr(tf, model_class)(config)
+    return build
+
+
 #: key -> (label, factory, input kind ("image" or "tokens"), vocabulary or classes, on meta to trace)
 MODELS: dict[str, tuple[str, Callable[..., nn.Module], str, int, bool]] = {
     "resnet50": ("ResNet-50 224px", _resnet50, "image", 1000, False),
@@ -116,6 +125,19 @@ MODELS: dict[str, tuple[str, Callable[..., nn.Module], str, int, bool]] = {
     "llama3b": ("LLaMA 3B (OpenLLaMA)", _llama(3200, 8640, 26, 32, 32), "tokens", 32000, True),
     # LLaMA-7B's shape (Touvron et al. 2023, table 2: hidden 4096, 32 layers, 32 heads)
     "llama7b": ("LLaMA-7B", _llama(4096, 11008, 32, 32, 32), "tokens", 32000, True),
+    # shapes of published checkpoints, for the third set (architectures not measured before)
+    "pythia1b": ("Pythia-1B (GPT-NeoX)", _hf("GPTNeoXConfig", "GPTNeoXForCausalLM", hidden_size=2048,
+                 num_hidden_layers=16, num_attention_heads=8, intermediate_size=8192, vocab_size=50304),
+                 "tokens", 50304, True),
+    "qwen05b": ("Qwen2-0.5B", _hf("Qwen2Config", "Qwen2ForCausalLM", hidden_size=896, intermediate_size=4864,
+                num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                tie_word_embeddings=True), "tokens", 151936, True),
+    "opt13b": ("OPT-1.3B", _hf("OPTConfig", "OPTForCausalLM", hidden_size=2048, ffn_dim=8192, num_hidden_layers=24,
+               num_attention_heads=32, vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=2048),
+               "tokens", 50272, True),
+    "bertlarge": ("BERT-large", _hf("BertConfig", "BertModel", hidden_size=1024, num_hidden_layers=24,
+                  num_attention_heads=16, intermediate_size=4096), "tokens", 30522, True),
+    "mistral7b": ("Mistral-7B", _hf("MistralConfig", "MistralForCausalLM"), "tokens", 32000, True),
 }
 
 #: A small stand-in for each large config, for a dry run of the harness on a CPU (``--shrink``).
@@ -166,6 +188,18 @@ HELD_OUT = [
     case("vit", "full", 256), case("resnet50", "full", 256),
     case("llama7b", "full", 2, 1024, checkpoint=True),
 ]
+
+#: A third set, predicted with the planner as it stands after the first two: architectures and
+#: shapes no earlier run measured.
+FRESH = [
+    case("mistral7b", "lora", 4, 1024), case("mistral7b", "lora", 16, 1024, checkpoint=True),
+    case("mistral7b", "serve", 16, 8192),
+    case("pythia1b", "full", 8, 1024), case("pythia1b", "full", 32, 1024, checkpoint=True),
+    case("qwen05b", "full", 4, 1024), case("qwen05b", "full", 16, 1024, checkpoint=True),
+    case("opt13b", "full", 8, 1024), case("opt13b", "full", 32, 1024, checkpoint=True),
+    case("bertlarge", "full", 32, 512), case("bertlarge", "full", 128, 512, checkpoint=True),
+]
+SETS = {"first": CASES, "held-out": HELD_OUT, "fresh": FRESH}
 
 
 def make_batch(model: str, batch: int, tokens: int | None, device: str | torch.device) -> tuple[tuple, torch.Tensor]:
@@ -458,7 +492,7 @@ def main() -> None:
     p = sub.add_parser("predict", help="trace the models and write the planner's predictions (no GPU)")
     p.add_argument("--gpu", default="H200", help="the GPU's id in neurarch_trace/data/gpus.json (for its peak)")
     p.add_argument("--only", default=None, help="comma-separated case ids or model keys")
-    p.add_argument("--held-out", action="store_true", help="the second set of cases (HELD_OUT)")
+    p.add_argument("--set", default="first", choices=sorted(SETS), help="which cases (CASES, HELD_OUT, FRESH)")
     p.add_argument("--shrink", action="store_true", help="small stand-ins for the large configs (a dry run)")
     p.add_argument("--out", required=True)
     m = sub.add_parser("measure", help="run the cases on the GPU (imports torch, transformers, peft only)")
@@ -473,7 +507,7 @@ def main() -> None:
     r.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.command == "predict":
-        cases = HELD_OUT if args.held_out else CASES
+        cases = SETS[args.set]
         if args.only:
             wanted = set(args.only.split(","))
             cases = [c for c in cases if c["id"] in wanted or c["model"] in wanted]

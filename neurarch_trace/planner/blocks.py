@@ -66,6 +66,10 @@ class Blocks:
     boundary_bytes: float = 0.0
     largest_bytes: float = 0.0
     largest_layer_params: int = 0
+    #: the largest output of one layer of the largest block, per sample, at autocast's 2 bytes per
+    #: element: the gradients of it and of its input are what the block's backward holds besides its
+    #: activations
+    largest_output_bytes: float = 0.0
 
     @property
     def checkpoint_saving(self) -> float:
@@ -191,10 +195,13 @@ def find_blocks(graph: Graph, counts: Counts) -> Blocks:
     for node_id, key in where.items():
         if any(where.get(s) != key for s in graph.succs.get(node_id, [])):
             boundary += output_bytes(graph.by_id[node_id], batch, upcast)
+    largest = max(blocks, key=lambda b: b.saved_bytes)
     return Blocks(
         blocks=blocks,
         block_bytes=sum(b.saved_bytes for b in blocks),
         boundary_bytes=boundary,
-        largest_bytes=max(b.saved_bytes for b in blocks),
+        largest_bytes=largest.saved_bytes,
         largest_layer_params=largest_layer,
+        largest_output_bytes=max((numel(graph.by_id[i].output_shape) * ACTIVATION_BYTES
+                                  for i in largest.node_ids if graph.by_id[i].output_shape), default=0),
     )

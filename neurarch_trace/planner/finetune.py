@@ -199,8 +199,10 @@ def _activations(a: Analysis, blocks: Blocks, extra: float, phase: PhasePeak | N
     backward phase also meets the recompute of one block (``during``): it runs after the backward of
     the layers above the blocks (the loss and the output layer), whose transients are gone by then,
     so the phase holds the forward's activations outside the blocks, the blocks' outputs (at most
-    what the phase held), and one block's activations and score matrices
-    (:func:`_scores_saving`). The phase's bytes are the larger of the two (Chen et al. 2016,
+    what the phase held), one block's activations and score matrices (:func:`_scores_saving`), and
+    that block's backward transients: the gradients of its largest layer output and of that
+    layer's input, 16-bit under autocast, taken as twice the output (an eager attention call's
+    score-matrix gradients are not counted). The phase's bytes are the larger of the two (Chen et al. 2016,
     "Training Deep Nets with Sublinear Memory Cost", section 3: the peak of the backward is the
     kept outputs plus one segment's activations; the two are not alive together with the loss's).
     Measured against real steps on an H200 (``bench/gpu_memory_check.py``)."""
@@ -218,8 +220,9 @@ def _activations(a: Analysis, blocks: Blocks, extra: float, phase: PhasePeak | N
     if phase.phase != "backward":
         return Activations(plain, max(before, 0.0))
     outside = max(0.0, held - block_bytes)
+    transient = 2 * blocks.largest_output_bytes * scale
     during = (phase.per_sample.get("inputs", 0.0) + min(held, outside + boundary) + blocks.largest_bytes * scale
-              + scores - freed_scores + extra)
+              + scores - freed_scores + extra + transient)
     return Activations(plain, max(before, during, 0.0))
 
 
