@@ -12,11 +12,15 @@ that leave it, its output, which is the next block's input; in the backward each
 runs again, so one block's activations are alive at a time (Chen et al. 2016, "Training Deep Nets
 with Sublinear Memory Cost", section 3; Korthikanti et al. 2022, "Reducing Activation
 Recomputation in Large Transformer Models", section 4.2, "full activation recomputation ... only
-the input to each transformer layer is stored"). Per sample::
+the input to each transformer layer is stored"). Per sample, each phase keeps::
 
-    kept with checkpointing = everything outside blocks (as without)
-                            + the outputs of block layers that feed a layer outside their block
-                            + the largest block's activations (the one being recomputed)
+    everything outside blocks (as without)
+    + the outputs of block layers that feed a layer outside their block
+    + in the backward, while a block is recomputed: the largest block's activations and the
+      gradients of its largest layer output (``largest_output_bytes``)
+
+and the backward's peak is the larger of that and the phase before any block is recomputed, with
+the loss's transients (:func:`neurarch_trace.planner.finetune._activations` combines them).
 
 A block's bytes are what the rehearsed training step saw it save for backward
 (``measured.training.scopeSavedBytes``, functional code inside the block included) when the graph
