@@ -83,8 +83,13 @@ def trace_target(
         if device == "auto" and weights:
             device = "cpu"
         if device == "auto":
-            return _trace_auto(opened, specs, rng, settings, note), opened.name
-        return _trace_on(opened, device, specs, rng, settings), opened.name
+            graph = _trace_auto(opened, specs, rng, settings, note)
+        else:
+            graph = _trace_on(opened, device, specs, rng, settings)
+        if note is not None and graph.get("measured", {}).get("device") == "meta":
+            for line in opened.notes:
+                note(line)
+        return graph, opened.name
 
 
 #: ``auto`` traces a model whose parameters and buffers take at most this many bytes (16M float32

@@ -8,6 +8,7 @@ arguments).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import importlib
 import importlib.util
@@ -72,6 +73,8 @@ class OpenedTarget:
     #: The target names an ``nn.Module`` instance the module built at import: it is traced where its
     #: tensors are, whatever the device asked for.
     instance: bool = False
+    #: Lines worth telling the user about a build (an ``hf:`` config changed to run on meta).
+    notes: list = dataclasses.field(default_factory=list)
 
     def build(self, device: str = "cpu") -> LoadedTarget:
         """The model, built on ``device`` (``cpu`` or ``meta``). An ``nn.Module`` instance the module
@@ -436,7 +439,7 @@ def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: 
                 model = builder.from_pretrained(ident, config=config, local_files_only=cache_only)
                 return model.to(device) if device != "cpu" else model
             with _device(device):
-                return from_config(config)
+                return from_config(_runs_on_meta(config, opened) if device == "meta" else config)
         except OSError as exc:
             why = error_line(exc).rstrip(".")
             raise TargetError(f"cannot load the weights of Hugging Face model {ident!r}: {why}; leave out --weights to "
@@ -446,4 +449,26 @@ def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: 
             raise TargetError(f"transformers cannot build hf:{ident}: {error_line(exc)}") from exc
 
     name = os.path.basename(os.path.normpath(ident)) if local else ident.rstrip("/").split("/")[-1]
-    return OpenedTarget(target=target, kind="hf", name=name, _build=build)
+    opened = OpenedTarget(target=target, kind="hf", name=name, _build=build)
+    return opened
+
+
+#: What a meta build of a config with ``use_cache: false`` says (:func:`_runs_on_meta`).
+USE_CACHE_NOTE = ("config.json says use_cache: false; traced with use_cache true, as the meta device cannot "
+                  "answer transformers' packed-sequence check on the position ids (layers, shapes, parameters "
+                  "and FLOPs are the same; the rehearsed step also holds the KV cache the forward returns)")
+
+
+def _runs_on_meta(config: Any, opened: OpenedTarget) -> Any:
+    """``config``, or a copy with ``use_cache = True`` when it says ``False``: without a KV cache and
+    without an attention mask, transformers' decoders (5.x ``masking_utils``) look at the position
+    ids' values for packed sequences (``find_packed_sequence_indices``), which meta tensors do not
+    have, so the forward would stop after the embedding. Many fine-tuned checkpoints save
+    ``use_cache: false``. The change adds a note to ``opened.notes``."""
+    if getattr(config, "use_cache", None) is not False:
+        return config
+    config = copy.deepcopy(config)
+    config.use_cache = True
+    if USE_CACHE_NOTE not in opened.notes:
+        opened.notes.append(USE_CACHE_NOTE)
+    return config

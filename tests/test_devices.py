@@ -407,3 +407,35 @@ def test_weights_no_cpu_can_hold_are_one_line_that_says_so(models, capfd, monkey
     assert code == 1 and err.count("\n") == 1, err
     assert "needs real tensor values, which the meta device does not have" in err
     assert "a CPU trace, which has the values, needs its weights in memory: " in err and "(--device cpu)" not in err
+
+
+def test_a_config_without_a_kv_cache_traces_on_meta_with_one_note(tmp_path, capfd):
+    """transformers' decoders look at the position ids' values for packed sequences when a config
+    says ``use_cache: false`` (many fine-tuned checkpoints do) and no attention mask is given: the
+    meta device builds such a config with the cache on, says so once, and gives the CPU's layers,
+    shapes, parameters and FLOPs."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=500, use_cache=False)
+    cfg.save_pretrained(tmp_path / "nocache")
+    with torch.device("meta"):
+        plain = transformers.LlamaModel(cfg)
+    with pytest.raises(TraceError, match="needs real tensor values"):
+        trace_model(plain, torch.zeros(1, 16, dtype=torch.long, device="meta"), training_step=False)
+    args = ["hf:./nocache", "--input", "1,16:long", "--hf-class", "AutoModelForCausalLM"]
+    graphs = {}
+    for device in ("meta", "cpu"):
+        code, _, err = cli([*args, "--device", device, "-o", f"{device}.json"], tmp_path, capfd)
+        assert code == 0, err
+        assert ("note: config.json says use_cache: false; traced with use_cache true" in err) == (device == "meta"), err
+        assert sum("use_cache" in line for line in err.splitlines()) == (device == "meta"), err
+        graphs[device] = json.loads((tmp_path / f"{device}.json").read_text())
+    meta, cpu = graphs["meta"], graphs["cpu"]
+    assert meta["measured"]["device"] == "meta" and cpu["measured"]["device"] == "cpu"
+    for key in ("params", "trainableParams", "flops"):
+        assert meta["measured"][key] == cpu["measured"][key], key
+    def layers(graph: dict) -> list:
+        return [(n["name"], n["type"], n.get("outputShape")) for n in graph["components"]
+                if n["type"] not in ("input", "output")]
+    assert layers(meta) == layers(cpu) and len(layers(cpu)) > 20
+    assert json.loads((tmp_path / "nocache" / "config.json").read_text())["use_cache"] is False  # the file is as it was
