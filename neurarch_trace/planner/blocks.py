@@ -70,6 +70,9 @@ class Blocks:
     boundary_bytes: float = 0.0
     largest_bytes: float = 0.0
     largest_layer_params: int = 0
+    #: ``boundary_bytes`` with every floating output at 2 bytes: a model loaded in 16 bits (a LoRA
+    #: base) keeps its residual stream so
+    boundary_half_bytes: float = 0.0
     #: the largest output of one layer of the largest block, per sample, at autocast's 2 bytes per
     #: element: the gradients of it and of its input are what the block's backward holds besides its
     #: activations
@@ -113,6 +116,13 @@ def layer_bytes(node: Node, batch: int) -> float:
     saved = measured_int(node.measured, "savedBytes")
     if saved is not None:
         return saved / max(1, batch)
+    return autocast_output_bytes(node)
+
+
+def autocast_output_bytes(node: Node) -> float:
+    """A layer's outputs per sample at 2 bytes per floating element (autocast, or a model loaded in
+    16 bits) and their own size for integers (``measured.outputShapes`` or ``outputShape``); 0
+    without shapes."""
     shapes = node.measured.get("outputShapes")
     elements: int | None = None
     if isinstance(shapes, list) and shapes:
@@ -195,15 +205,18 @@ def find_blocks(graph: Graph, counts: Counts) -> Blocks:
                                     else sum(layer_bytes(n, batch) for n in nodes)))
     training = graph.measured.get("training")
     upcast = isinstance(training, dict) and (measured_int(training, "upcastParams") or 0) > 0
-    boundary = 0.0
+    boundary = boundary_half = 0.0
     for node_id, key in where.items():
         if any(where.get(s) != key for s in graph.succs.get(node_id, [])):
-            boundary += output_bytes(graph.by_id[node_id], batch, upcast)
+            node = graph.by_id[node_id]
+            boundary += output_bytes(node, batch, upcast)
+            boundary_half += autocast_output_bytes(node)
     largest = max(blocks, key=lambda b: b.saved_bytes)
     return Blocks(
         blocks=blocks,
         block_bytes=sum(b.saved_bytes for b in blocks),
         boundary_bytes=boundary,
+        boundary_half_bytes=boundary_half,
         largest_bytes=largest.saved_bytes,
         largest_layer_params=largest_layer,
         largest_output_bytes=max((numel(graph.by_id[i].output_shape) * ACTIVATION_BYTES

@@ -188,40 +188,56 @@ def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
                   (BACKWARD_FACTOR + 1) * f, a.counts.trainable, note=note, others=others)
 
 
-def _activations(a: Analysis, blocks: Blocks, extra: float, phase: PhasePeak | None = None) -> Activations:
+def _activations(a: Analysis, blocks: Blocks, extra: float, phase: PhasePeak | None = None,
+                 half_base: bool = False) -> Activations:
     """Bytes per sample of ``phase`` (the memory model's phase with the most, by default) plus
     ``extra``, and what the phase holds with activation checkpointing (``None`` when checkpointing
     frees nothing).
 
-    With checkpointing, every phase holds what it did less the blocks' insides (each block keeps its
-    output, the next block's input) and less eager attention's score matrices (``before``: the
-    forward, the loss and the backward down to the last block, the loss's transients included). A
-    backward phase also meets the recompute of one block (``during``): it runs after the backward of
-    the layers above the blocks (the loss and the output layer), whose transients are gone by then,
-    so the phase holds the forward's activations outside the blocks, the blocks' outputs (at most
-    what the phase held), one block's activations and score matrices (:func:`_scores_saving`), and
-    that block's backward transients: the gradients of its largest layer output and of that
-    layer's input, 16-bit under autocast, taken as twice the output (an eager attention call's
-    score-matrix gradients are not counted). The phase's bytes are the larger of the two (Chen et al. 2016,
-    "Training Deep Nets with Sublinear Memory Cost", section 3: the peak of the backward is the
-    kept outputs plus one segment's activations; the two are not alive together with the loss's).
-    Measured against real steps on an H200 (``bench/gpu_memory_check.py``)."""
+    With checkpointing, every phase holds what it did less the KV cache a transformers forward
+    returns with ``use_cache`` (transformers turns it off when checkpointing: "`use_cache=True` is
+    incompatible with gradient checkpointing. Setting `use_cache=False`"), less the blocks' insides
+    (each block keeps its output, the next block's input) and less eager attention's score matrices
+    (``before``: the forward, the loss and the backward down to the last block, the loss's
+    transients included). A backward phase also meets the recompute of one block (``during``): it
+    runs after the backward of the layers above the blocks (the loss and the output layer), whose
+    transients are gone by then, so the phase holds the forward's activations outside the blocks,
+    the blocks' outputs (at most what the phase held), one block's activations and score matrices
+    (:func:`_scores_saving`), and that block's backward transients: the gradients of its largest
+    layer output and of that layer's input, 16-bit under autocast, taken as twice the output (an
+    eager attention call's score-matrix gradients are not counted). The phase's bytes are the larger
+    of the two (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", section 3: the
+    peak of the backward is the kept outputs plus one segment's activations; the two are not alive
+    together with the loss's). Measured against real steps on an H200 (``bench/gpu_memory_check.py``).
+
+    ``half_base``: the step of a LoRA or QLoRA base loaded in 16 bits, whose residual stream is
+    16-bit where full training's float32 master weights keep it in float32. The tracer measures the
+    step with the weights in 16 bits (``measured.training.halfWeightsActivationBytesPerSample``):
+    the activations (the blocks' insides, the KV cache) scale by the measured ratio, the loss's
+    float32 transients do not, and the blocks' outputs count at 2 bytes per element. Without that
+    measurement, full training's activations, an overcount."""
     if phase is None:
         phase = max(a.memory.phases, key=lambda p: p.per_sample_bytes)
-    plain = phase.per_sample_bytes + extra
+    ratio = a.memory.half_weights_ratio if half_base and a.memory.half_weights_ratio is not None else 1.0
+    held = phase.per_sample.get("activations", 0.0) * ratio
+    plain = phase.per_sample_bytes - phase.per_sample.get("activations", 0.0) + held + extra
     scale = a.work.scale
     scores = phase.per_sample.get("attentionScores", 0.0)
     freed_scores = _scores_saving(a, blocks, scores)
     if blocks.checkpoint_saving * scale + freed_scores <= 0:
         return Activations(plain, None)
-    block_bytes, boundary = blocks.block_bytes * scale, blocks.boundary_bytes * scale
-    held = phase.per_sample.get("activations", 0.0)
-    before = plain - max(0.0, min(held, block_bytes) - boundary) - scores
+    block_bytes = blocks.block_bytes * scale * ratio
+    boundary = (blocks.boundary_half_bytes if ratio != 1.0 else blocks.boundary_bytes) * scale
+    # the phase's activations: the KV cache the output holds (transformers returns none when
+    # checkpointing), then the blocks' insides, then what lies outside the blocks
+    cache = min(a.memory.kv_cache_bytes * ratio, held)
+    rest = held - cache
+    before = plain - cache - max(0.0, min(rest, block_bytes) - boundary) - scores
     if phase.phase != "backward":
         return Activations(plain, max(before, 0.0))
-    outside = max(0.0, held - block_bytes)
+    outside = max(0.0, rest - block_bytes)
     transient = 2 * blocks.largest_output_bytes * scale
-    during = (phase.per_sample.get("inputs", 0.0) + min(held, outside + boundary) + blocks.largest_bytes * scale
+    during = (phase.per_sample.get("inputs", 0.0) + min(rest, outside + boundary) + blocks.largest_bytes * scale * ratio
               + scores - freed_scores + extra + transient)
     return Activations(plain, max(before, during, 0.0))
 
@@ -271,7 +287,7 @@ def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_
     )
     f = a.flops_per_sample
     return Tuning(
-        mode, mode, rank, states, _activations(a, blocks, adapter_acts),
+        mode, mode, rank, states, _activations(a, blocks, adapter_acts, half_base=True),
         FROZEN_BACKWARD_FACTOR * f + BACKWARD_FACTOR * adapter_flops,
         (FROZEN_BACKWARD_FACTOR + 1) * f + (BACKWARD_FACTOR + 1) * adapter_flops,
         trainable, adapted, quantized, base,

@@ -152,6 +152,14 @@ class MemoryModel:
     reason: str | None = None
     layers_without_shape: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: the activations of the step with the weights in 16 bits (a LoRA or QLoRA base) over those of
+    #: this step, both measured (``measured.training.halfWeightsActivationBytesPerSample``); ``None``
+    #: when not
+    half_weights_ratio: float | None = None
+    #: bytes per sample of the KV cache a transformers forward with ``use_cache`` returns, which the
+    #: step holds until its output is freed (``measured.training.kvCacheBytesPerSample``, sized for
+    #: the planned length); transformers turns the cache off with gradient checkpointing
+    kv_cache_bytes: float = 0.0
     #: the attention calls whose eager score matrices ``attentionScores`` holds (measured SDPA calls,
     #: or attention-typed layers when estimated); 0 when it holds none
     attention_calls: int = 0
@@ -276,7 +284,21 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
     if any(p is None for p in phases):
         return None, "measured.training.peaks is malformed"
     calls = (measured_int(att, "sdpaCalls") or 0) if attention == "eager" and any(eager) else 0
-    return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls), ""
+    return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls,
+                       half_weights_ratio=_half_weights_ratio(training, peaks),
+                       kv_cache_bytes=(_bytes_map({"n": training.get("kvCacheBytesPerSample", 0)}, ("n",)) or
+                                       {"n": 0.0})["n"] * work.scale), ""
+
+
+def _half_weights_ratio(training: Mapping[str, Any], peaks: list) -> float | None:
+    """``halfWeightsActivationBytesPerSample`` over the activations of the phase peak with the most
+    bytes per sample, both at the traced length; ``None`` when absent or malformed."""
+    half = _bytes_map({"n": training.get("halfWeightsActivationBytesPerSample")}, ("n",))
+    top = max(peaks, key=lambda p: sum(p.get("perSampleBytes", {}).values()), default=None)
+    full = top.get("perSampleBytes", {}).get("activations", 0) if isinstance(top, dict) else 0
+    if not half or not full:
+        return None
+    return half["n"] / full
 
 
 # --- estimated -----------------------------------------------------------------------------------

@@ -68,6 +68,27 @@ def _try(rehearsal: Rehearsal, batch: int, tokens: int | None, flops: bool) -> R
         return None
 
 
+def _half_weights(model: nn.Module, plan: InputPlan, small: int, tokens: int | None) -> float | None:
+    """Activation bytes per sample of the same step with the weights in 16 bits and none upcast (in
+    the phase with the most bytes per sample, at the traced length): those of a LoRA or QLoRA step, whose frozen base is
+    loaded in 16 bits and keeps a 16-bit residual stream where float32 master weights keep a float32
+    one. Rehearsed only for a model with two linear layers or more (one adapts besides the output
+    layer); ``None`` when it has fewer or the step cannot run so."""
+    if sum(isinstance(m, nn.Linear) for m in walk.modules(model)) < 2:
+        return None
+    try:
+        rehearsal = Rehearsal(model, plan, half_weights=True)
+    except Exception:  # noqa: BLE001 - the full-training measurement stands without it
+        return None
+    first = _try(rehearsal, small, tokens, False)
+    second = _try(rehearsal, 2 * small, tokens, False) if first is not None else None
+    if second is None:
+        return None
+    peaks = combine(first, second, None, None, batch=plan.batch)["peaks"]
+    top = max(peaks, key=lambda p: sum(p["perSampleBytes"].values()))
+    return round(top["perSampleBytes"].get("activations", 0.0), 3)
+
+
 def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
     """Runs at two batch sizes (and, for a token model, at half the length too), fitted. The
     smaller batch is at least 2: PyTorch treats a dimension of size 1 as contiguous whatever its
@@ -83,6 +104,11 @@ def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
         third = _try(rehearsal, small, fit_tokens, True)
         fourth = _try(rehearsal, 2 * small, fit_tokens, False) if third is not None else None
     measured = combine(first, second, third, fourth, batch=plan.batch)
+    half = _half_weights(model, plan, small, tokens)
+    if half is not None:
+        measured["halfWeightsActivationBytesPerSample"] = half
+    if first.cache_bytes:
+        measured["kvCacheBytesPerSample"] = round(first.cache_bytes / first.batch, 3)
     measured["attention"] = _attention(first)
     measured["loss"] = first.loss
     if rehearsal.upcast:

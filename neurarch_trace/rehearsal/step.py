@@ -63,6 +63,8 @@ class Run:
     flops: int
     attention: FusedAttention
     loss: dict[str, Any]
+    #: bytes of the key/value cache the forward returned (``past_key_values``; 0 when none)
+    cache_bytes: int = 0
 
 
 class InputPlan:
@@ -108,10 +110,14 @@ class InputPlan:
 _HALF = frozenset({torch.float16, torch.bfloat16})
 
 
-def _meta_copy(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-    """A meta tensor like ``t``; a trainable 16-bit floating one in float32 (:data:`_HALF`)."""
+def _meta_copy(t: torch.Tensor, requires_grad: bool, half: torch.dtype | None = None) -> torch.Tensor:
+    """A meta tensor like ``t``; a trainable 16-bit floating one in float32 (:data:`_HALF`), or,
+    with ``half``, every floating one in that 16-bit dtype (a model loaded in 16 bits)."""
     trainable = requires_grad and t.is_floating_point()
-    dtype = torch.float32 if trainable and t.dtype in _HALF else t.dtype
+    if half is not None:
+        dtype = half if t.is_floating_point() else t.dtype
+    else:
+        dtype = torch.float32 if trainable and t.dtype in _HALF else t.dtype
     out = torch.empty_like(t, device="meta", dtype=dtype)
     return out.requires_grad_(trainable)
 
@@ -131,6 +137,39 @@ def _output_tensors(obj: Any, depth: int = 0) -> list[torch.Tensor]:
     else:
         return []
     return [t for value in values for t in _output_tensors(value, depth + 1)]
+
+
+def _cache_bytes(output: Any) -> int:
+    """Bytes of the tensors under a transformers output's ``cache`` (``past_key_values`` before
+    transformers 5.2x; a ``Cache`` object's layers, or the legacy tuples), each storage once: the KV
+    cache a forward with ``use_cache`` returns, which transformers turns off in training with
+    gradient checkpointing. Model outputs are mappings (``ModelOutput`` is an ``OrderedDict``)."""
+    if not isinstance(output, Mapping):
+        return 0
+    cache = output["cache"] if "cache" in output else output.get("past_key_values")
+    seen: dict[int, int] = {}
+
+    def visit(obj: Any, depth: int) -> None:
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            seen[id(storage)] = storage.nbytes()  # the same storage object for every view of it
+            return
+        if depth > 4 or obj is None or isinstance(obj, (str, bytes, int, float, bool, torch.dtype, torch.device)):
+            return
+        if isinstance(obj, Mapping):
+            values = list(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            values = list(obj)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, nn.Module)):
+            values = list(vars(obj).values())
+        else:
+            return
+        for value in values:
+            visit(value, depth + 1)
+
+    if cache is not None:
+        visit(cache, 0)
+    return sum(seen.values())
 
 
 def _loss(output: Any, tracker: StorageTracker) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
@@ -314,13 +353,17 @@ class Rehearsal:
     """Meta copies of ``model``'s parameters and buffers, and the optimizer, shared by the runs of
     one rehearsal; :meth:`run` rehearses one step at a batch size and sequence length."""
 
-    def __init__(self, model: nn.Module, plan: InputPlan, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, model: nn.Module, plan: InputPlan, dtype: torch.dtype = torch.bfloat16,
+                 half_weights: bool = False) -> None:
+        """``half_weights``: the parameters and floating buffers in ``dtype`` (the model as loaded
+        with ``torch_dtype=bfloat16``, as a LoRA base is), none upcast to float32 masters."""
         self.model, self.plan, self.dtype = model, plan, dtype
+        half = dtype if half_weights else None
         named = list(walk.named_parameters(model))
-        self.params = {n: _meta_copy(p, p.requires_grad) for n, p in named}
+        self.params = {n: _meta_copy(p, p.requires_grad, half) for n, p in named}
         #: trainable parameters (elements) stored in 16 bits and rehearsed as float32 master weights
-        self.upcast = sum(p.numel() for n, p in named if self.params[n].dtype != p.dtype)
-        self.buffers = {n: _meta_copy(b, False) for n, b in walk.named_buffers(model)}
+        self.upcast = 0 if half_weights else sum(p.numel() for n, p in named if self.params[n].dtype != p.dtype)
+        self.buffers = {n: _meta_copy(b, False, half) for n, b in walk.named_buffers(model)}
         self.tensors = _every_slot(model, {**self.params, **self.buffers})
         self.trainable = [p for p in self.params.values() if p.requires_grad]
         self.stepped = list(self.trainable)  # the parameters AdamW steps: those that get a gradient
@@ -375,6 +418,7 @@ class Rehearsal:
                         output = torch.func.functional_call(  # each slot once (_every_slot)
                             self.model, self.tensors, args, kwargs, tie_weights=False)
                         tracker.start("loss")
+                        cache_bytes = _cache_bytes(output)
                         loss, target, loss_info = _loss(output, tracker)
                     autocast.clear_cache()
                 if tracker.scalars_read != len(self.plan.scalars):
@@ -396,5 +440,6 @@ class Rehearsal:
             for p in self.trainable:
                 p.grad = None
         run = Run(batch=batch, tokens=tokens, points=tracker.curve(), phases=tracker.phase_of_points(),
-                  saved=layers.saved, saved_total=layers.total, flops=flops[0], attention=attention, loss=loss_info)
+                  saved=layers.saved, saved_total=layers.total, flops=flops[0], attention=attention, loss=loss_info,
+                  cache_bytes=cache_bytes)
         return run, stepped
