@@ -65,7 +65,8 @@ def test_frozen_encoder_counts_the_same_with_and_without_a_mask_at_every_depth(g
         warnings.simplefilter("ignore")  # PyTorch's own notes on nested tensors
         for depth in (None, 0, 1, 2, 3, 4):
             for kwargs in ({}, {"mask": mask}):
-                graph = trace_model(model, (x,), kwargs=kwargs, depth=depth)
+                # FLOPs and counts: the rehearsed step is not what this checks (test_rehearsal does)
+                graph = trace_model(model, (x,), kwargs=kwargs, depth=depth, training_step=False)
                 assert graph["measured"]["uncountedOps"] == [], (depth, kwargs)
                 assert graph["measured"]["flops"] == expected, (depth, kwargs)
                 assert all(c["measured"].get("flops", 0) is not None for c in graph["components"])
@@ -319,7 +320,7 @@ def assert_batch_invariant(model: nn.Module, inputs, batches=(2, 3, 4, 7)) -> di
         torch.manual_seed(0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            graph = trace_model(model, at_batch(inputs, batch))
+            graph = trace_model(model, at_batch(inputs, batch), training_step=False)  # shapes alone
         assert graph["measured"]["batchSize"] == batch
         lost = {c["name"]: c["measured"]["batchUnknown"] for c in graph["components"]
                 if "batchUnknown" in c["measured"]}

@@ -513,3 +513,29 @@ def test_llama_7b_in_bfloat16_plans_as_mixed_precision_and_needs_the_fewest_card
         count = needs["gpus"]
         assert make_plan(graph, seq_len=2048, gpu=f"{card}x{count}")["plan"]["fit"]["fits"] is True
         assert make_plan(graph, seq_len=2048, gpu=f"{card}x{count - 1}")["plan"]["fit"]["fits"] is False
+
+
+def test_a_16_bit_base_and_the_kv_cache_are_measured() -> None:
+    """The step is also rehearsed with the weights in 16 bits (a LoRA base): its activations are
+    smaller than full training's float32-master ones, by less than half (the loss and softmax run
+    in float32 either way). The KV cache transformers returns with ``use_cache`` is measured: a
+    float32 key (rotary in float32) and a 16-bit value per layer, per token, per key/value head."""
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=500)
+    torch.manual_seed(0)
+    graph = trace_model(transformers.LlamaForCausalLM(cfg), torch.randint(0, 500, (1, 32)))
+    training = graph["measured"]["training"]
+    head_dim = 64 // 4
+    assert training["kvCacheBytesPerSample"] == 2 * 32 * 2 * head_dim * (4 + 2)  # layers x tokens x kv heads
+    top = max(training["peaks"], key=lambda p: sum(p["perSampleBytes"].values()))
+    full = top["perSampleBytes"]["activations"]
+    assert full / 2 < training["halfWeightsActivationBytesPerSample"] < full
+    a = analyse(graph)
+    assert a.memory.half_weights_ratio == training["halfWeightsActivationBytesPerSample"] / full
+    cfg.use_cache = False  # on the CPU the forward runs without a cache, and none is measured
+    no_cache = trace_model(transformers.LlamaForCausalLM(cfg), torch.randint(0, 500, (1, 32)))["measured"]["training"]
+    assert "kvCacheBytesPerSample" not in no_cache
+    # a model with one linear layer (its output layer) has no base to adapt: no 16-bit step
+    assert "halfWeightsActivationBytesPerSample" not in trace_model(
+        nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 30 * 30, 10)),
+        torch.randn(2, 3, 32, 32))["measured"]["training"]

@@ -38,6 +38,7 @@ from neurarch_trace.lazy_dynamo import dynamo_left_unimported
 from neurarch_trace.rehearsal.attention import eager_extra_bytes
 from neurarch_trace.rehearsal.fit import combine
 from neurarch_trace.rehearsal.step import InputPlan, Rehearsal, RehearsalError, Run
+from neurarch_trace.rehearsal.storage import KINDS
 from neurarch_trace.text import error_line
 
 __all__ = ["rehearse_training_step", "STEP"]
@@ -68,25 +69,29 @@ def _try(rehearsal: Rehearsal, batch: int, tokens: int | None, flops: bool) -> R
         return None
 
 
-def _half_weights(model: nn.Module, plan: InputPlan, small: int, tokens: int | None) -> float | None:
-    """Activation bytes per sample of the same step with the weights in 16 bits and none upcast (in
-    the phase with the most bytes per sample, at the traced length): those of a LoRA or QLoRA step, whose frozen base is
-    loaded in 16 bits and keeps a 16-bit residual stream where float32 master weights keep a float32
-    one. Rehearsed only for a model with two linear layers or more (one adapts besides the output
-    layer); ``None`` when it has fewer or the step cannot run so."""
+def _half_weights(model: nn.Module, plan: InputPlan, batch: int, tokens: int | None) -> float | None:
+    """Activation bytes per sample of the same step with the weights in 16 bits and none upcast,
+    at the traced length: those of a LoRA or QLoRA step, whose frozen base is loaded in 16 bits and
+    keeps a 16-bit residual stream where float32 master weights keep a float32 one: the most the
+    forward and the loss hold at once, in one run of them at ``batch`` (no backward or optimizer
+    step, which free activations and keep none; the forward's batch-independent tensors, a causal
+    mask or a rotary table, count in it divided by the batch). Rehearsed only for a model with two linear layers or
+    more (one adapts besides the output layer); ``None`` when it has fewer or the step cannot run
+    so."""
     if sum(isinstance(m, nn.Linear) for m in walk.modules(model)) < 2:
         return None
     try:
         rehearsal = Rehearsal(model, plan, half_weights=True)
     except Exception:  # noqa: BLE001 - the full-training measurement stands without it
         return None
-    first = _try(rehearsal, small, tokens, False)
-    second = _try(rehearsal, 2 * small, tokens, False) if first is not None else None
-    if second is None:
+    try:
+        run = rehearsal.forward(batch, tokens)
+    except Exception:  # noqa: BLE001 - as above
         return None
-    peaks = combine(first, second, None, None, batch=plan.batch)["peaks"]
-    top = max(peaks, key=lambda p: sum(p["perSampleBytes"].values()))
-    return round(top["perSampleBytes"].get("activations", 0.0), 3)
+    activations = KINDS.index("activations")
+    if not run.points:
+        return None
+    return round(max(point[activations] for point in run.points) / batch, 3)
 
 
 def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
@@ -104,7 +109,7 @@ def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
         third = _try(rehearsal, small, fit_tokens, True)
         fourth = _try(rehearsal, 2 * small, fit_tokens, False) if third is not None else None
     measured = combine(first, second, third, fourth, batch=plan.batch)
-    half = _half_weights(model, plan, small, tokens)
+    half = _half_weights(model, plan, 2 * small, tokens)
     if half is not None:
         measured["halfWeightsActivationBytesPerSample"] = half
     if first.cache_bytes:

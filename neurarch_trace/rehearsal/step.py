@@ -146,7 +146,8 @@ def _cache_bytes(output: Any) -> int:
     gradient checkpointing. Model outputs are mappings (``ModelOutput`` is an ``OrderedDict``)."""
     if not isinstance(output, Mapping):
         return 0
-    cache = output["cache"] if "cache" in output else output.get("past_key_values")
+    keys = output.keys()  # ``name in output`` of a deprecated name makes transformers 5.2x warn
+    cache = output["cache"] if "cache" in keys else output["past_key_values"] if "past_key_values" in keys else None
     seen: dict[int, int] = {}
 
     def visit(obj: Any, depth: int) -> None:
@@ -380,6 +381,12 @@ class Rehearsal:
             if isinstance(t, torch.Tensor):
                 tracker.register(t, "inputs")
 
+    def forward(self, batch: int, tokens: int | None) -> Run:
+        """The step's forward and loss alone at ``batch`` (the activations it keeps; no backward, no
+        optimizer step). Raises as :meth:`run`."""
+        run, _ = self._run(batch, tokens, False, False, forward_only=True)
+        return run
+
     def run(self, batch: int, tokens: int | None, *, count_flops: bool = False, layers: bool = True) -> Run:
         """One step at ``batch`` samples of ``tokens`` tokens. Raises whatever the model raises on
         the meta device, or :class:`RehearsalError`. ``layers``: record the bytes each module call
@@ -394,7 +401,7 @@ class Rehearsal:
         return run
 
     def _run(self, batch: int, tokens: int | None, count_flops: bool,
-             record_layers: bool) -> tuple[Run, list[torch.Tensor]]:
+             record_layers: bool, forward_only: bool = False) -> tuple[Run, list[torch.Tensor]]:
         args, kwargs = self.plan.make(batch, tokens)
         flops = [0]
 
@@ -425,13 +432,15 @@ class Rehearsal:
                     raise RehearsalError(
                         f"the forward read {tracker.scalars_read} tensor values where the traced one read "
                         f"{len(self.plan.scalars)}, so the traced values cannot stand in for them on the meta device")
-                tracker.start("backward")
-                loss.backward()
-                stepped = [p for p in self.trainable if p.grad is not None]
-                for p in stepped:
-                    tracker.set_kind(p.grad, "gradients")
-                tracker.start("optimizer")
-                self.adamw.step()
+                stepped = list(self.stepped)
+                if not forward_only:
+                    tracker.start("backward")
+                    loss.backward()
+                    stepped = [p for p in self.trainable if p.grad is not None]
+                    for p in stepped:
+                        tracker.set_kind(p.grad, "gradients")
+                    tracker.start("optimizer")
+                    self.adamw.step()
                 tracker.close()
                 del output, loss, target
         finally:
