@@ -16,7 +16,7 @@ import neurarch_trace.walk as walk
 from neurarch_trace.errors import InputSpecError, OutOfMemoryError, TargetError, TraceError, is_out_of_memory
 from neurarch_trace.inputs import InputSpec, make_inputs
 from neurarch_trace.lazy_dynamo import dynamo_left_unimported
-from neurarch_trace.targets import OpenedTarget, open_target
+from neurarch_trace.targets import USE_CACHE_NOTE, OpenedTarget, open_target
 from neurarch_trace.text import error_line, gb
 from neurarch_trace.tracer import dtype_name, trace_model
 
@@ -86,8 +86,11 @@ def trace_target(
             graph = _trace_auto(opened, specs, rng, settings, note)
         else:
             graph = _trace_on(opened, device, specs, rng, settings)
-        if note is not None and graph.get("measured", {}).get("device") == "meta":
-            for line in opened.notes:
+        if graph.get("measured", {}).get("device") == "meta" and USE_CACHE_NOTE in opened.notes:
+            training = graph["measured"].get("training")
+            if isinstance(training, dict) and "kvCacheBytesPerSample" in training:
+                training["useCache"] = False  # the model as configured returns no cache: the plan drops it
+            for line in opened.notes if note is not None else ():
                 note(line)
         return graph, opened.name
 

@@ -439,3 +439,11 @@ def test_a_config_without_a_kv_cache_traces_on_meta_with_one_note(tmp_path, capf
                 if n["type"] not in ("input", "output")]
     assert layers(meta) == layers(cpu) and len(layers(cpu)) > 20
     assert json.loads((tmp_path / "nocache" / "config.json").read_text())["use_cache"] is False  # the file is as it was
+    # the step the model runs as configured holds no KV cache: the plan takes it out, as the CPU never had it
+    training = meta["measured"]["training"]
+    assert training["useCache"] is False and training["kvCacheBytesPerSample"] > 0
+    assert "kvCacheBytesPerSample" not in cpu["measured"]["training"]
+    from neurarch_trace.planner.analysis import analyse
+    lines = {device: [(p.phase, p.per_sample_bytes) for p in analyse(graph).memory.phases]
+             for device, graph in graphs.items()}
+    assert lines["meta"] == lines["cpu"]

@@ -64,7 +64,7 @@ def read_graph(path: str | os.PathLike[str], *, strict: bool = False) -> dict:
     try:
         graph = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise GraphError(f"graph file {p} is not JSON ({exc.msg} at line {exc.lineno})") from exc
+        raise GraphError(f"graph file {p} is not JSON ({exc.msg.removesuffix(' at')} at line {exc.lineno})") from exc
     if strict:
         return check_graph(graph, what=f"graph file {p}")
     fault = not_a_graph(graph)

@@ -117,6 +117,11 @@ def _memory(a: Analysis, sized: Sizing, batch: int) -> Dict[str, Any]:
     memory = a.memory.as_plan(batch)
     choice = sized.choice
     phases = a.memory.phases
+    if sized.tuning.mode != "full" and phases:
+        # a LoRA or QLoRA step is one line: its states and the activations of the phase with the
+        # most bytes per sample (finetune.tuning); the full-training phases are kept for reference
+        memory["peakPhase"] = max(phases, key=lambda p: p.per_sample_bytes).phase
+        return memory
     if choice is None or len(phases) < 2 or len(choice.setup.lines) != len(phases):
         return memory
     main = a.memory.peak(1)  # the setup's own line; its others in the memory model's order

@@ -283,11 +283,17 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
     phases = [_measured_phase(raw, work.scale, eager) for raw in peaks]
     if any(p is None for p in phases):
         return None, "measured.training.peaks is malformed"
+    kv = (_bytes_map({"n": training.get("kvCacheBytesPerSample", 0)}, ("n",)) or {"n": 0.0})["n"] * work.scale
+    if training.get("useCache") is False and kv:
+        # traced with a KV cache its config turns off (a meta build needs one): the step the model
+        # runs holds none, so each phase's activations are without it
+        phases = [p if p is None or p.phase == "setup" else PhasePeak(
+            p.phase, p.state, {**p.per_sample, "activations": max(0.0, p.per_sample.get("activations", 0.0) - kv)})
+            for p in phases]
+        kv = 0.0
     calls = (measured_int(att, "sdpaCalls") or 0) if attention == "eager" and any(eager) else 0
     return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls,
-                       half_weights_ratio=_half_weights_ratio(training, peaks),
-                       kv_cache_bytes=(_bytes_map({"n": training.get("kvCacheBytesPerSample", 0)}, ("n",)) or
-                                       {"n": 0.0})["n"] * work.scale), ""
+                       half_weights_ratio=_half_weights_ratio(training, peaks), kv_cache_bytes=kv), ""
 
 
 def _half_weights_ratio(training: Mapping[str, Any], peaks: list) -> float | None:

@@ -107,8 +107,13 @@ def _assumptions(a: Analysis, s: Sizing, setup: Setup, batch: int, attention: st
             else "16-bit frozen base"
         states = (f"{base}, rank-{t.rank} adapters at 18 bytes per parameter"
                   + (f", {strategy_text(setup.strategy, False)}" if setup.gpus > 1 else ""))
-    acts = "only each block's input kept (activation checkpointing)" if setup.checkpoint else \
-        "every layer's output kept for backward at 2 bytes per element"
+    if a.memory.source == "measured":
+        acts = "the activations the rehearsed step measured" + (
+            " with the base in 16 bits" if t.mode != "full" and a.memory.half_weights_ratio is not None else "")
+        acts += ", of which only each block's input kept (activation checkpointing)" if setup.checkpoint else ""
+    else:
+        acts = "only each block's input kept (activation checkpointing)" if setup.checkpoint else \
+            "every layer's output kept for backward at 2 bytes per element"
     return (f"{head}: {states}; {acts}" + (", eager attention scores" if attention == "eager" else "")
             + f"; a {FRAMEWORK_ALLOWANCE_BYTES / 1e9:g} GB framework allowance per GPU; a setup fits when the "
               f"per-GPU peak x {gpu_table().headroom:g} is within the card's memory.")
