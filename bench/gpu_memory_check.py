@@ -317,6 +317,23 @@ def _outside_pool_gb(device: torch.device) -> float | None:
     return (total - free - torch.cuda.memory_reserved()) / GB
 
 
+def _start_peak(device: torch.device) -> dict[str, Any]:
+    """Empty the allocator's cache and start a new peak; the bytes allocated now (``stateGb``)."""
+    if device.type != "cuda":
+        return {}
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return {"stateGb": torch.cuda.memory_allocated() / GB}
+
+
+def _peak(device: torch.device) -> dict[str, Any]:
+    """The peak since :func:`_start_peak`: allocated, reserved and outside PyTorch's pool (GB)."""
+    if device.type != "cuda":
+        return {}
+    return {"measuredGb": torch.cuda.max_memory_allocated() / GB,
+            "reservedGb": torch.cuda.max_memory_reserved() / GB, "outsidePoolGb": _outside_pool_gb(device)}
+
+
 def _build(c: dict, device: torch.device, shrink: bool) -> nn.Module:
     factory = MODELS[c["model"]][1]
     factory = SHRUNK.get(c["model"], factory) if shrink else factory
@@ -359,16 +376,10 @@ def _train(model: nn.Module, c: dict, device: torch.device, steps: int) -> dict:
     step()
     step()
     _sync(device)
-    row: dict[str, Any] = {}
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        row["stateGb"] = torch.cuda.memory_allocated() / GB
+    row = _start_peak(device)
     step()
     _sync(device)
-    if device.type == "cuda":
-        row.update(measuredGb=torch.cuda.max_memory_allocated() / GB,
-                   reservedGb=torch.cuda.max_memory_reserved() / GB, outsidePoolGb=_outside_pool_gb(device))
+    row.update(_peak(device))
     times = []
     for _ in range(steps):
         _sync(device)
@@ -391,19 +402,13 @@ def _serve(model: nn.Module, c: dict, device: torch.device) -> dict:
     token = out.logits[:, -1].argmax(-1, keepdim=True)
     del out
     _sync(device)
-    row: dict[str, Any] = {}
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        row["stateGb"] = torch.cuda.memory_allocated() / GB
+    row = _start_peak(device)
     start = time.perf_counter()
     step = model(token, past_key_values=cache, use_cache=True)
     logits = step.logits[:, -1].float()
     _sync(device)
     row["stepS"] = time.perf_counter() - start
-    if device.type == "cuda":
-        row.update(measuredGb=torch.cuda.max_memory_allocated() / GB,
-                   reservedGb=torch.cuda.max_memory_reserved() / GB, outsidePoolGb=_outside_pool_gb(device))
+    row.update(_peak(device))
     del step, logits, cache
     return row
 

@@ -456,7 +456,7 @@ def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: 
 #: What a meta build of a config with ``use_cache: false`` says (:func:`_runs_on_meta`).
 USE_CACHE_NOTE = ("config.json says use_cache: false; traced with use_cache true, as the meta device cannot "
                   "answer transformers' packed-sequence check on the position ids (layers, shapes, parameters "
-                  "and FLOPs are the same; the rehearsed step also holds the KV cache the forward returns)")
+                  "and FLOPs are the same; the plan leaves out the KV cache the forward then returns)")
 
 
 def _runs_on_meta(config: Any, opened: OpenedTarget) -> Any:

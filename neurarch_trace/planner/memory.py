@@ -283,13 +283,13 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
     phases = [_measured_phase(raw, work.scale, eager) for raw in peaks]
     if any(p is None for p in phases):
         return None, "measured.training.peaks is malformed"
-    kv = (_bytes_map({"n": training.get("kvCacheBytesPerSample", 0)}, ("n",)) or {"n": 0.0})["n"] * work.scale
+    kv = (_positive_bytes(training, "kvCacheBytesPerSample") or 0.0) * work.scale
     if training.get("useCache") is False and kv:
         # traced with a KV cache its config turns off (a meta build needs one): the step the model
         # runs holds none, so each phase's activations are without it
-        phases = [p if p is None or p.phase == "setup" else PhasePeak(
+        phases = [p if p.phase == "setup" else PhasePeak(
             p.phase, p.state, {**p.per_sample, "activations": max(0.0, p.per_sample.get("activations", 0.0) - kv)})
-            for p in phases]
+            for p in phases if p is not None]
         kv = 0.0
     calls = (measured_int(att, "sdpaCalls") or 0) if attention == "eager" and any(eager) else 0
     return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls,
@@ -299,12 +299,18 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
 def _half_weights_ratio(training: Mapping[str, Any], peaks: list) -> float | None:
     """``halfWeightsActivationBytesPerSample`` over the activations of the phase peak with the most
     bytes per sample, both at the traced length; ``None`` when absent or malformed."""
-    half = _bytes_map({"n": training.get("halfWeightsActivationBytesPerSample")}, ("n",))
+    half = _positive_bytes(training, "halfWeightsActivationBytesPerSample")
     top = max(peaks, key=lambda p: sum(p.get("perSampleBytes", {}).values()), default=None)
     full = top.get("perSampleBytes", {}).get("activations", 0) if isinstance(top, dict) else 0
-    if not half or not full:
+    if half is None or not full:
         return None
-    return half["n"] / full
+    return half / full
+
+
+def _positive_bytes(training: Mapping[str, Any], key: str) -> float | None:
+    """``training[key]`` when it is a byte count above 0 (:func:`_bytes_map`'s bounds), else None."""
+    found = _bytes_map({key: training.get(key)}, (key,))
+    return found[key] if found and found[key] > 0 else None
 
 
 # --- estimated -----------------------------------------------------------------------------------

@@ -75,23 +75,17 @@ def _half_weights(model: nn.Module, plan: InputPlan, batch: int, tokens: int | N
     keeps a 16-bit residual stream where float32 master weights keep a float32 one: the most the
     forward and the loss hold at once, in one run of them at ``batch`` (no backward or optimizer
     step, which free activations and keep none; the forward's batch-independent tensors, a causal
-    mask or a rotary table, count in it divided by the batch). Rehearsed only for a model with two linear layers or
-    more (one adapts besides the output layer); ``None`` when it has fewer or the step cannot run
-    so."""
+    mask or a rotary table, count in it divided by the batch). Rehearsed only for a model with two
+    linear layers or more (one adapts besides the output layer); ``None`` when it has fewer or the
+    step cannot run so."""
     if sum(isinstance(m, nn.Linear) for m in walk.modules(model)) < 2:
         return None
     try:
-        rehearsal = Rehearsal(model, plan, half_weights=True)
+        run = Rehearsal(model, plan, half_weights=True).forward(batch, tokens)
     except Exception:  # noqa: BLE001 - the full-training measurement stands without it
         return None
-    try:
-        run = rehearsal.forward(batch, tokens)
-    except Exception:  # noqa: BLE001 - as above
-        return None
     activations = KINDS.index("activations")
-    if not run.points:
-        return None
-    return round(max(point[activations] for point in run.points) / batch, 3)
+    return round(max(point[activations] for point in run.points) / batch, 3) if run.points else None
 
 
 def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
