@@ -16,6 +16,7 @@ import neurarch_trace.walk as walk
 from neurarch_trace.errors import InputSpecError, OutOfMemoryError, TargetError, TraceError, is_out_of_memory
 from neurarch_trace.inputs import InputSpec, make_inputs
 from neurarch_trace.lazy_dynamo import dynamo_left_unimported
+from neurarch_trace.lazy_sympy import sympy_left_unimported
 from neurarch_trace.targets import USE_CACHE_NOTE, OpenedTarget, open_target
 from neurarch_trace.text import error_line, gb
 from neurarch_trace.tracer import dtype_name, trace_model
@@ -74,7 +75,7 @@ def trace_target(
     if progress is not None:
         progress.step("building the model")
     torch.manual_seed(0)
-    with dynamo_left_unimported():  # building on meta runs PyTorch's Python kernels
+    with dynamo_left_unimported(), sympy_left_unimported():  # building on meta runs PyTorch's Python kernels
         opened = open_target(target, weights=weights, hf_class=hf_class, quiet=quiet)
         rng = torch.get_rng_state()
         description = f"Traced by neurarch-trace from {target} with {describe_inputs(specs, default_dtype)}."
