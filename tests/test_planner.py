@@ -391,7 +391,11 @@ def test_contract_blockers_name_the_layer() -> None:
     assert [d["code"] for d in plan["run"]["details"]] == [
         "duplicate-id", "duplicate-name", "dangling-connection", "no-output", "orphan",
         "sink-not-output", "sink-not-output", "cycle"]
-    assert "| Runs            no, see Blockers (8)" in make_plan(doc)["text"]
+    text = make_plan(doc)["text"]
+    assert "| Runs            no, see Blockers (8)" in text
+    # the fit and cost that follow size the graph as drawn, which does not run
+    assert row("", "sized as drawn: runs once the Blockers are fixed") in text.splitlines()
+    assert "Blockers are fixed" not in make_plan(load("mlp"))["text"]
 
 
 def test_source_not_input_and_self_loop() -> None:
@@ -678,6 +682,30 @@ def test_diff_against_base() -> None:
     ]
 
 
+@pytest.mark.parametrize("options", [{"finetune": "lora", "gpu": "L40S"}, {}, {"gpu": "A100-80x4"},
+                                     {"finetune": "qlora"}])
+def test_the_diff_sizes_the_base_on_the_cards_own_setup(options) -> None:
+    # it compared full training on one GPU whatever the card sized: 137.5 -> 162.5 GB under a
+    # LoRA fit on an L40S (a new-user pass, 2026-12-04)
+    new, base = load("llama7b"), load("traced_llama")
+    plan = plan_of(new, base=base, **options)
+    fit, peak, cost = plan["fit"], plan["diff"]["peakGb"], plan["diff"]["costUsd"]
+    assert (peak["batch"], peak["gpus"], peak["finetune"]) == (fit["batch"], fit["gpus"], fit["mode"])
+    assert peak["strategy"] == fit["strategy"] + ("+ckpt" if fit["checkpointing"] else "")
+    assert peak["new"] == pytest.approx(fit["peakGb"], rel=1e-12)
+    # the base on the same setup: its own plan's line (one GPU, no checkpointing for a tiny model)
+    # at the card's batch; on more GPUs its states divide as the strategy divides them
+    own = plan_of(base, **{k: v for k, v in options.items() if k != "gpu"})["cost"]
+    if fit["gpus"] == 1:
+        assert peak["base"] == pytest.approx(own["staticGb"] + fit["batch"] * own["perSampleGb"], rel=1e-9)
+    assert peak["base"] < 1.01  # 86.8K parameters and the 1 GB CUDA context
+    assert (cost["gpu"], cost["gpus"]) == (fit["gpu"], fit["gpus"])
+    assert cost["new"] == pytest.approx(plan["cost"]["training"]["usd"], rel=1e-9)
+    line = next(line for line in make_plan(new, base=base, **options)["text"].splitlines()
+                if line.startswith("| Peak memory"))
+    assert f"{'per GPU ' if fit['gpus'] > 1 else ''}at batch {fit['batch']} (1.0 GB -> " in line
+
+
 # --- the card's shape and bad input --------------------------------------------------------------
 
 
@@ -694,11 +722,19 @@ def test_every_card_line_fits_68_columns() -> None:
             assert len(line) == WIDTH, line
 
 
+def test_one_token_is_one_token() -> None:
+    out = make_plan(load("traced_gpt2"), seq_len=1)
+    text = out["text"] + json.dumps(out["plan"])
+    assert "1 tokens" not in text and "at 1 token " in out["text"]
+    assert "1 token per sample" in out["plan"]["cost"]["assumptions"]
+
+
 def test_target_label() -> None:
     assert target_label("models/resnet.py:ResNet18") == "models/resnet.py"
     assert target_label("torchvision.models:resnet18") == "torchvision.models"
     assert target_label("pkg.mod:Outer.Inner") == "pkg.mod"
     assert target_label("hf:bert-base-uncased") == "hf:bert-base-uncased"
+    assert target_label("hf:tiny_model") == "hf:tiny_model"  # a folder named like an identifier: was "hf"
     assert target_label("") is None
 
 

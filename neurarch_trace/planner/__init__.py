@@ -38,6 +38,7 @@ from neurarch_trace.planner.memory import (
 )
 from neurarch_trace.planner.sizing import OptionError, Sizing, check_options, sizing
 from neurarch_trace.planner.sizing_fields import cost_fields, finetune_fields, fit_fields, serve_fields
+from neurarch_trace.text import plural
 
 __all__ = ["ATTENTION_MODES", "GraphError", "OptionError", "PLAN_SCHEMA", "make_plan", "target_label"]
 
@@ -50,9 +51,12 @@ _BYTES_PER_TRAINABLE = WEIGHT16_BYTES + MASTER_WEIGHT_BYTES + GRADIENT_BYTES + A
 
 def target_label(target: Optional[str]) -> Optional[str]:
     """The file or module part of a target as typed: ``models/resnet.py:ResNet18`` gives
-    ``models/resnet.py``; a target without a ``:Attr`` suffix (``hf:bert-base-uncased``) is kept."""
+    ``models/resnet.py``; a target without a ``:Attr`` suffix and every ``hf:`` target
+    (``hf:bert-base-uncased``, ``hf:tiny_model``) is kept."""
     if not target:
         return None
+    if target.startswith("hf:"):
+        return target
     head, sep, tail = target.rpartition(":")
     if sep and head and tail and all(part.isidentifier() for part in tail.split(".")):
         return head
@@ -62,7 +66,7 @@ def target_label(target: Optional[str]) -> Optional[str]:
 def _assumptions(a: Analysis, fit: Fit, attention: Optional[str]) -> str:
     parts = [
         f"Training peak of one mixed-precision AdamW step at batch {fit.batch}",
-        f"{a.work.seq_len} tokens per sample" if a.work.kind == "tokens" and a.work.seq_len else None,
+        f"{plural(a.work.seq_len, 'token')} per sample" if a.work.kind == "tokens" and a.work.seq_len else None,
     ]
     head = ", ".join(p for p in parts if p)
     tail = (f"and a {FRAMEWORK_ALLOWANCE_BYTES / 1e9:g} GB framework allowance; a card fits when the "
@@ -199,7 +203,7 @@ def make_plan(
         "warnings": [issue.message for issue in a.warnings],
         "warningDetails": [issue.as_dict() for issue in a.warnings],
         "layers": _layers(a),
-        "diff": diff_against(a, b, fit, unit) if b is not None else None,
+        "diff": diff_against(a, b, sized, unit) if b is not None else None,
         "notes": list(a.work.notes) + list(a.memory.notes) + (
             [f"{len(a.memory.layers_without_shape)} layers without an outputShape add no activation memory"]
             if a.memory.layers_without_shape else []

@@ -285,7 +285,7 @@ def _setup(option: Mapping[str, Any]) -> str:
 def _serve_rows(model: Mapping[str, Any], serve: Optional[Mapping[str, Any]]) -> List[str]:
     if not serve or model["input"]["kind"] != "tokens":
         return []
-    context = f"{serve['context']:,} tokens" if serve["context"] else "one sample"
+    context = f"{serve['context']:,} token{'' if serve['context'] == 1 else 's'}" if serve["context"] else "one sample"
     if not serve["fits"]:
         return _row("Serving", f"nothing holds {context} x batch 1 in {serve['precision']} on up to 64 GPUs",
                     f"weights {units.gb(serve['weightsGb'] * 1e9)}, KV cache {units.gb(serve['kvCacheGb'] * 1e9)}")
@@ -337,9 +337,9 @@ def _diff_rows(diff: Mapping[str, Any]) -> List[str]:
         rows += _row("FLOPs", f"{units.signed(units.flops(abs(flops['delta'])), flops['delta'])} "
                               f"({units.flops(flops['base'])} -> {units.flops(flops['new'])})")
     if peak is not None:
-        rows += _row("Peak memory", f"{units.signed(units.gb(abs(peak['delta']) * 1e9), peak['delta'])} at batch "
-                                    f"{peak['batch']} ({units.gb(peak['base'] * 1e9)} -> "
-                                    f"{units.gb(peak['new'] * 1e9)})")
+        where = ("per GPU " if peak.get("gpus", 1) > 1 else "") + f"at batch {peak['batch']}"
+        rows += _row("Peak memory", f"{units.signed(units.gb(abs(peak['delta']) * 1e9), peak['delta'])} {where} "
+                                    f"({units.gb(peak['base'] * 1e9)} -> {units.gb(peak['new'] * 1e9)})")
     cost = diff["costUsd"]
     if cost is not None:
         rows += _row("Cost", f"{units.usd_delta(cost['delta'])} {cost['per']} "
@@ -359,6 +359,8 @@ def render(plan: Mapping[str, Any]) -> str:
                   f"no, see Blockers ({len(run['blockers'])})")
     lines += _finetune_rows(plan.get("finetune"))
     lines += _fit_rows(plan["fit"], plan.get("memory"))
+    if not run["legal"]:  # the fit, cost and serving below size the graph as it stands
+        lines += _row("", "sized as drawn: runs once the Blockers are fixed")
     lines += _cost_rows(model, plan["cost"]["training"])
     lines += _serve_rows(model, plan.get("serve"))
     lines += _count_row("Blockers", run["blockers"])

@@ -1,8 +1,10 @@
 """The diff of a design against its base: numbers compared like for like, layers matched by name.
 
-Both graphs are sized on the same terms, the new design's: the same batch (the new design's GPU
-fit batch, batch 1 when nothing fits) and, for cost, the same card and the same unit of training.
-So a delta is what the change itself costs, not a different card or batch being chosen.
+Both graphs are sized on the same terms, the new design's card's: the same mode (full training,
+LoRA or QLoRA, as ``--finetune`` asks), the same setup (the card's strategy on its number of
+GPUs, with or without activation checkpointing), the same batch per GPU (the card's, batch 1 when
+nothing fits), and for cost the same card, cluster and unit of training. So a delta is what the
+change itself costs on the setup the card shows, not a different card, mode or batch being chosen.
 
 That holds only for two models of one kind (:mod:`.workload`: images, token sequences, other).
 A ResNet against a GPT-2 has no common sample: FLOPs per sample, the peak at a batch and the cost
@@ -17,8 +19,11 @@ from typing import Any, Dict, List
 
 from neurarch_trace.contract import Graph, Node
 from neurarch_trace.planner.analysis import Analysis
-from neurarch_trace.planner.cost import Unit, training_cost
-from neurarch_trace.planner.fit import Fit
+from neurarch_trace.planner.blocks import find_blocks
+from neurarch_trace.planner.cost import Unit, cluster_cost
+from neurarch_trace.planner.finetune import tuning
+from neurarch_trace.planner.sizing import Sizing
+from neurarch_trace.planner.strategy import footprint
 
 __all__ = ["diff", "layer_changes"]
 
@@ -67,8 +72,9 @@ def _delta(base: float, new: float) -> Dict[str, float]:
     return {"base": base, "new": new, "delta": new - base}
 
 
-def diff(new: Analysis, base: Analysis, fit: Fit, unit: Unit) -> Dict[str, Any]:
-    """The ``plan.diff`` object (numbers unrounded; GB are 10^9 bytes, USD per ``unit``)."""
+def diff(new: Analysis, base: Analysis, sized: Sizing, unit: Unit) -> Dict[str, Any]:
+    """The ``plan.diff`` object (numbers unrounded; GB are 10^9 bytes per GPU, USD per ``unit``),
+    both models sized as ``sized`` sized the new one (see the module docstring)."""
     comparable = new.work.kind == base.work.kind
     out: Dict[str, Any] = {
         "baseName": base.graph.name,
@@ -83,13 +89,21 @@ def diff(new: Analysis, base: Analysis, fit: Fit, unit: Unit) -> Dict[str, Any]:
     }
     if not comparable:
         return out
-    batch = fit.batch
-    new_cost = training_cost(new.flops_per_sample, unit, fit.gpu, new.mfu)
-    base_cost = training_cost(base.flops_per_sample, unit, fit.gpu, base.mfu)
-    if new_cost is not None and base_cost is not None:
+    setup = sized.setup
+    choice = sized.choice
+    batch = choice.batch if choice is not None else 1
+    gpu = choice.gpu if choice is not None else sized.singles[0][0]
+    step = tuning(base, find_blocks(base.structure, base.structure_counts), sized.tuning.asked, sized.options.rank)
+    checkpoint = setup.checkpoint and step.acts.checkpointed is not None
+    base_setup = footprint(step.states, step.acts, setup.strategy, setup.gpus, checkpoint, step.others)
+    new_train = choice.train_flops if choice is not None else sized.tuning.flops
+    base_train = step.flops_checkpointed if checkpoint else step.flops
+    new_cost = cluster_cost(new_train, unit, gpu, setup.gpus, new.mfu)
+    base_cost = cluster_cost(base_train, unit, gpu, setup.gpus, base.mfu)
+    if new_cost.usd is not None and base_cost.usd is not None:
         out["costUsd"] = {**_delta(base_cost.usd, new_cost.usd), "unit": unit.key, "per": unit.phrase,
-                          "gpu": fit.gpu.id if fit.gpu else None}
+                          "gpu": gpu.id, "gpus": setup.gpus}
     out["flops"] = _delta(base.flops_per_sample, new.flops_per_sample)
-    out["peakGb"] = {**_delta(base.memory.peak_bytes(batch) / 1e9, new.memory.peak_bytes(batch) / 1e9),
-                     "batch": batch}
+    out["peakGb"] = {**_delta(base_setup.peak_bytes(batch) / 1e9, setup.peak_bytes(batch) / 1e9),
+                     "batch": batch, "gpus": setup.gpus, "strategy": setup.label, "finetune": sized.tuning.mode}
     return out

@@ -19,6 +19,7 @@ from neurarch_trace.planner.memory import FRAMEWORK_ALLOWANCE_BYTES
 from neurarch_trace.planner.serve import Serve
 from neurarch_trace.planner.sizing import Sizing
 from neurarch_trace.planner.strategy import Setup, strategy_text
+from neurarch_trace.text import plural
 
 __all__ = ["cost_fields", "finetune_fields", "fit_fields", "serve_fields"]
 
@@ -91,7 +92,7 @@ def _breakdown(a: Analysis, s: Sizing, setup: Setup, batch: int) -> dict[str, fl
 def _assumptions(a: Analysis, s: Sizing, setup: Setup, batch: int, attention: str | None) -> str:
     t = s.tuning
     where = f" on {setup.gpus} GPUs" if setup.gpus > 1 else ""
-    tokens = f", {a.work.seq_len} tokens per sample" if a.work.kind == "tokens" and a.work.seq_len else ""
+    tokens = f", {plural(a.work.seq_len, 'token')} per sample" if a.work.kind == "tokens" and a.work.seq_len else ""
     what = {"full": "mixed-precision AdamW step", "lora": "LoRA step", "qlora": "QLoRA step"}[t.mode]
     head = f"Training peak per GPU of one {what} at batch {batch} per GPU{where}{tokens}"
     if t.mode == "full" and setup.strategy in ("single", "ddp"):

@@ -61,7 +61,7 @@ class Workload:
         """How the card says what FLOPs are quoted at: ``3x224x224`` or ``2,048 tokens`` (thousands
         separated, as the serving line's context is)."""
         if self.kind == "tokens" and self.seq_len is not None:
-            return f"{self.seq_len:,} tokens"
+            return f"{self.seq_len:,} token{'' if self.seq_len == 1 else 's'}"
         if self.input_shape:
             return "x".join(str(d) for d in self.input_shape)
         return None
