@@ -433,6 +433,8 @@ def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: 
             "pass a folder written by save_pretrained"
         ) from exc
 
+    _check_config_dtype(ident, config)
+
     def build(device: str) -> nn.Module:
         try:
             if weights:
@@ -451,6 +453,23 @@ def _open_hf(target: str, *, weights: bool, hf_class: str = "AutoModel", quiet: 
     name = os.path.basename(os.path.normpath(ident)) if local else ident.rstrip("/").split("/")[-1]
     opened = OpenedTarget(target=target, kind="hf", name=name, _build=build)
     return opened
+
+
+#: The dtypes transformers builds a model's weights in (a config's ``dtype``/``torch_dtype``).
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_config_dtype(ident: str, config: Any) -> None:
+    """Raise :class:`TargetError` (one sentence) when ``config.json`` names a weight dtype that
+    transformers cannot build a model in (``int8``, ``float8_e4m3fn``, a number): transformers'
+    own error for it is a storage or attribute error from deep in its ``__init__``. Quantised
+    checkpoints name their format in ``quantization_config`` and keep a floating ``dtype``."""
+    dtype = getattr(config, "dtype", None)
+    if dtype is None or dtype == "auto" or dtype in WEIGHT_DTYPES:
+        return
+    shown = str(dtype).replace("torch.", "")
+    raise TargetError(f"hf:{ident}: config.json's dtype {shown!r} is not a dtype transformers builds weights in: set "
+                      "it to float32, float16 or bfloat16, or leave it out")
 
 
 #: What a meta build of a config with ``use_cache: false`` says (:func:`_runs_on_meta`).

@@ -252,6 +252,12 @@ def test_hf_class_adds_the_task_head(tmp_path, capfd):
          "hf:badvalue: transformers cannot read its config.json (StrictDataclassFieldValidationError: Validation "
          "error for field 'hidden_size': TypeError: Field 'hidden_size' expected int, got str (value: 'big')): "
          "fix the file or pass a folder written by save_pretrained"),
+        # a weight dtype transformers cannot build in: was a storage error from deep in its __init__
+        ("hf:int8", '{"model_type": "bert", "num_hidden_layers": 1, "torch_dtype": "int8"}',
+         "hf:int8: config.json's dtype 'int8' is not a dtype transformers builds weights in: set it to float32, "
+         "float16 or bfloat16, or leave it out"),
+        ("hf:fp8", '{"model_type": "bert", "num_hidden_layers": 1, "dtype": "float8_e4m3fn"}',
+         "hf:fp8: config.json's dtype 'float8_e4m3fn' is not a dtype"),
     ],
 )
 def test_hf_folder_errors(tmp_path, capfd, target, config, message):
