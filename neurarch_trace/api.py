@@ -75,7 +75,9 @@ def trace_target(
     if progress is not None:
         progress.step("building the model")
     torch.manual_seed(0)
-    with dynamo_left_unimported(), sympy_left_unimported():  # building on meta runs PyTorch's Python kernels
+    with dynamo_left_unimported():  # building on meta runs PyTorch's Python kernels
+        # the target's module is imported with PyTorch's modules as they are (what it imports at
+        # import time is its own); its build and trace run PyTorch's meta kernels without sympy
         opened = open_target(target, weights=weights, hf_class=hf_class, quiet=quiet)
         rng = torch.get_rng_state()
         description = f"Traced by neurarch-trace from {target} with {describe_inputs(specs, default_dtype)}."
@@ -83,10 +85,11 @@ def trace_target(
                         description=description, progress=progress, training_step=training_step)
         if device == "auto" and weights:
             device = "cpu"
-        if device == "auto":
-            graph = _trace_auto(opened, specs, rng, settings, note)
-        else:
-            graph = _trace_on(opened, device, specs, rng, settings)
+        with sympy_left_unimported():
+            if device == "auto":
+                graph = _trace_auto(opened, specs, rng, settings, note)
+            else:
+                graph = _trace_on(opened, device, specs, rng, settings)
         if graph.get("measured", {}).get("device") == "meta" and USE_CACHE_NOTE in opened.notes:
             training = graph["measured"].get("training")
             if isinstance(training, dict) and "kvCacheBytesPerSample" in training:
@@ -97,15 +100,14 @@ def trace_target(
 
 
 #: ``auto`` traces a model whose parameters and buffers take at most this many bytes (16M float32
-#: parameters) on the CPU when no training step is rehearsed: building it there and running its
-#: forward costs less than the meta device's first use (about 0.25 s: torch's meta kernels import
-#: ``torch.fx.experimental.symbolic_shapes`` and sympy with it, on torch 2.13). Measured here (2-core
-#: AMD EPYC, idle, median of 5 alternating cold starts without the step): ResNet-18 (47 MB) 1.32 s on
-#: the CPU against 1.50 s on meta; ResNet-50 (102 MB) 1.50 s against 1.53 s, and on a machine whose
-#: cores are busy the CPU forward's threads wait for them (3.2-3.9 s against 2.4 s on meta, at load
-#: 2). Past this size the weights' initialisation outgrows what meta's first use costs. The rehearsed
-#: step runs on meta and pays that anyway; with it, every model is traced on meta first, and a small
-#: one is not built a second time with its weights initialised (0.2 s of a ResNet-50 cold start).
+#: parameters) on the CPU when no training step is rehearsed. Measured here (2-core AMD EPYC, cold
+#: starts without the step): when a meta trace still imported sympy (0.25 s), ResNet-18 (47 MB) took
+#: 1.32 s on the CPU against 1.50 s on meta, ResNet-50 (102 MB) 1.50 s against 1.53 s; since
+#: ``lazy_sympy``, ResNet-18 takes 1.76 s against 1.73 s (medians of 9, 2026-12-04): level, so the
+#: rule stays. On a machine whose cores are busy the CPU forward's threads wait for them (3.2-3.9 s
+#: against 2.4 s on meta, at load 2), so bigger models stay on meta. The rehearsed step runs on meta;
+#: with it, every model is traced on meta first, and a small one is not built a second time with
+#: its weights initialised (0.2 s of a ResNet-50 cold start).
 AUTO_META_BYTES = 64 * 2**20
 
 #: ``auto`` falls back from the meta device to the CPU only when the weights fit in this share of
@@ -117,8 +119,7 @@ def _trace_auto(opened: OpenedTarget, specs: Sequence[InputSpec], rng: torch.Ten
                 note: Optional[Callable[[str], None]]) -> dict:
     """``--device auto``. The model is built on the meta device first and traced there, unless it
     is small (:data:`AUTO_META_BYTES`) and no training step is rehearsed: then it is built again on
-    the CPU and traced there (a CPU trace of a small model is faster than the meta device's first
-    use, which a rehearsed step pays anyway). When the meta trace fails (the forward needs real
+    the CPU and traced there. When the meta trace fails (the forward needs real
     values: ``.item()``, a data-dependent shape, a copy to the CPU; or its dtypes are ones only a
     CPU check refuses) a small model is traced on the CPU without a word, and a big one whose
     weights fit in memory (:data:`CPU_FALLBACK_FRACTION`) with one ``note`` saying so. A build that

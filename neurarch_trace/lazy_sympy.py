@@ -29,7 +29,12 @@ both for the duration of a block, when sympy is not imported yet:
   sympy's while sympy is unimported. Any other name imports the real sympy.
 
 On the way out everything is put back as it was, except a real module imported meanwhile, which
-stays. Not thread-safe: another thread importing sympy inside the block would meet the stand-ins.
+stays. A module first imported inside the block (a model file that a build imports lazily) may
+have taken a stand-in function at import time (``from torch.fx.experimental.symbolic_shapes import
+statically_known_true``): on the way out it is given the real one, the real module being imported
+for it then, as it would have been. Once the real module is imported, every stand-in function
+hands every call to it. Not thread-safe: another thread importing sympy inside the block would
+meet the stand-ins.
 """
 
 from __future__ import annotations
@@ -50,25 +55,39 @@ MODULE = "torch.fx.experimental.symbolic_shapes"
 _PARENT, _, _LEAF = MODULE.rpartition(".")
 
 _depth = 0
+#: The real module once a stand-in has imported it: from then on every stand-in function hands
+#: every call to it, plain values too.
+_REAL: Any = None
+#: The stand-in functions (id -> the real name they stand for) and modules made so far.
+_STANDING: dict = {}
 
 
 def _real() -> types.ModuleType:
-    """Import the real module in the stand-in's place (and on its parent package); return it."""
+    """Import the real module in the stand-in's place (and on its parent package); return it. The
+    stand-in's own names then point at the real module's, for whoever holds the stand-in."""
+    global _REAL
     current = sys.modules.get(MODULE)
     if current is not None and not getattr(current, "_neurarch_stand_in", False):
+        _REAL = current
         return current
     sys.modules.pop(MODULE, None)
     parent = sys.modules.get(_PARENT)
     if parent is not None and getattr(getattr(parent, _LEAF, None), "_neurarch_stand_in", False):
         delattr(parent, _LEAF)
-    return importlib.import_module(MODULE)  # binds itself on the parent package as it loads
+    real = importlib.import_module(MODULE)  # binds itself on the parent package as it loads
+    _REAL = real
+    if current is not None:
+        for name, value in list(vars(current).items()):
+            if _standing(value) and hasattr(real, name):
+                setattr(current, name, getattr(real, name))
+    return real
 
 
 def _guard(name: str):
     """``expect_true``, ``guard_or_false``, ``guard_or_true``, ``statically_known_true``: PyTorch's
     code returns a plain ``bool`` argument as it is (after ``isinstance(a, SymBool)`` is false)."""
     def predicate(a: Any, *rest: Any) -> Any:
-        if type(a) is bool:
+        if type(a) is bool and _REAL is None:
             return a
         return getattr(_real(), name)(a, *rest)
     predicate.__name__ = predicate.__qualname__ = name
@@ -78,14 +97,14 @@ def _guard(name: str):
 def is_nested_int(s: Any) -> Any:
     """PyTorch: ``isinstance(s, torch.SymInt) and s.node.is_nested_int()``: false for a plain
     number."""
-    if type(s) is int or type(s) is float or type(s) is bool:
+    if (type(s) is int or type(s) is float or type(s) is bool) and _REAL is None:
         return False
     return _real().is_nested_int(s)
 
 
 def has_guarding_hint(a: Any) -> Any:
     """PyTorch: ``a.node.has_hint()`` for a symbolic value, else ``True``."""
-    if type(a) is int or type(a) is float or type(a) is bool:
+    if (type(a) is int or type(a) is float or type(a) is bool) and _REAL is None:
         return True
     return _real().has_guarding_hint(a)
 
@@ -94,7 +113,7 @@ def _hint(name: str):
     """``guarding_hint_or_throw``, ``guard_int``: PyTorch returns a plain ``int`` (or ``bool``,
     for the first) as it is."""
     def hint(a: Any, *rest: Any) -> Any:
-        if type(a) is int or (type(a) is bool and name == "guarding_hint_or_throw"):
+        if (type(a) is int or (type(a) is bool and name == "guarding_hint_or_throw")) and _REAL is None:
             return a
         return getattr(_real(), name)(a, *rest)
     hint.__name__ = hint.__qualname__ = name
@@ -103,7 +122,7 @@ def _hint(name: str):
 
 def optimization_hint(a: Any, fallback: Any = None) -> Any:
     """PyTorch returns a plain ``int`` as it is."""
-    if type(a) is int:
+    if type(a) is int and _REAL is None:
         return a
     return _real().optimization_hint(a, fallback)
 
@@ -111,9 +130,10 @@ def optimization_hint(a: Any, fallback: Any = None) -> Any:
 def free_unbacked_symbols(x: Any) -> Any:
     """PyTorch collects the sympy expressions of ``x`` (a strided tensor's sizes, strides and
     storage offset; a number's none) into an ``OrderedSet``: empty when they are plain numbers."""
-    if x is None or type(x) in (int, float, bool, str) or (
-            isinstance(x, torch.Tensor) and x.layout is torch.strided and _plain_ints(x.shape)
-            and _plain_ints(x.stride()) and type(x.storage_offset()) is int):
+    plain = x is None or type(x) in (int, float, bool, str) or (
+        isinstance(x, torch.Tensor) and x.layout is torch.strided and _plain_ints(x.shape)
+        and _plain_ints(x.stride()) and type(x.storage_offset()) is int)
+    if plain and _REAL is None:
         from torch.utils._ordered_set import OrderedSet
         return OrderedSet()
     return _real().free_unbacked_symbols(x)
@@ -141,10 +161,11 @@ def _plain_ints(x: Any) -> bool:
 def sym_eq(x: Any, y: Any) -> Any:
     """PyTorch: on two sequences, ``False`` when their lengths differ, else ``True & (x0 == y0) &
     ...``; on two ints, ``x == y``. Plain ints give a plain ``bool`` either way."""
-    if isinstance(x, (tuple, list)) and isinstance(y, (tuple, list)) and _plain_ints(x) and _plain_ints(y):
-        return len(x) == len(y) and all(a == b for a, b in zip(x, y))
-    if type(x) is int and type(y) is int:
-        return x == y
+    if _REAL is None:
+        if isinstance(x, (tuple, list)) and isinstance(y, (tuple, list)) and _plain_ints(x) and _plain_ints(y):
+            return len(x) == len(y) and all(a == b for a, b in zip(x, y))
+        if type(x) is int and type(y) is int:
+            return x == y
     return _real().sym_eq(x, y)
 
 
@@ -152,9 +173,9 @@ def _join(name: str, op: Any):
     """``sym_and``, ``sym_or``: PyTorch returns ``x`` alone as it is, else folds ``operator.and_``
     (``or_``) over the arguments, which for plain bools is a plain bool."""
     def join(x: Any, *others: Any) -> Any:
-        if not others:
+        if not others and _REAL is None:
             return x
-        if type(x) is bool and all(type(y) is bool for y in others):
+        if _REAL is None and type(x) is bool and all(type(y) is bool for y in others):
             for y in others:
                 x = op(x, y)
             return x
@@ -181,7 +202,42 @@ def _stand_in() -> types.ModuleType:
     module.sym_and = _join("sym_and", operator.and_)
     module.sym_or = _join("sym_or", operator.or_)
     module.__getattr__ = _other_name  # PEP 562: every other name
+    for name, value in list(vars(module).items()):
+        if callable(value) and not name.startswith("__"):
+            _STANDING[id(value)] = (value, name)
+    _STANDING[id(module)] = (module, None)
     return module
+
+
+def _standing(value: Any) -> bool:
+    """Whether ``value`` is a stand-in module or one of its functions."""
+    entry = _STANDING.get(id(value))
+    return entry is not None and entry[0] is value
+
+
+def _take_back(before: set) -> None:
+    """Give every module imported during the block (and each class it defines) the real objects
+    for the stand-ins it took at import time (``from torch.fx.experimental.symbolic_shapes import
+    statically_known_true``): the real module is imported then, and only then."""
+    for key in [k for k in list(sys.modules) if k not in before]:
+        module = sys.modules.get(key)
+        if _standing(module):
+            continue
+        try:
+            namespaces = [module, *(v for v in vars(module).values()
+                                    if isinstance(v, type) and v.__module__ == key)]
+        except TypeError:  # no __dict__
+            continue
+        for namespace in namespaces:
+            for attr, value in list(vars(namespace).items()):
+                wrapper = type(value) if isinstance(value, (staticmethod, classmethod)) else None
+                inner = value.__func__ if wrapper else value
+                if not _standing(inner):
+                    continue
+                real = _real()
+                name = _STANDING[id(inner)][1]
+                replacement = real if name is None else getattr(real, name)
+                setattr(namespace, attr, wrapper(replacement) if wrapper else replacement)
 
 
 def _other_name(name: str) -> Any:
@@ -275,9 +331,10 @@ def sympy_left_unimported() -> Iterator[None]:
     the process). Nothing is done when sympy or ``torch.fx.experimental.symbolic_shapes`` is
     imported already. Raises nothing of its own."""
     global _depth
-    placed, swapped = None, []
+    placed, swapped, before = None, [], set()
     parent = sys.modules.get(_PARENT)
     if not _depth and "sympy" not in sys.modules and MODULE not in sys.modules and parent is not None:
+        before = set(sys.modules)
         placed = _stand_in()
         sys.modules[MODULE] = placed
         setattr(parent, _LEAF, placed)
@@ -295,6 +352,7 @@ def sympy_left_unimported() -> Iterator[None]:
         for namespace, name, original in swapped:
             setattr(namespace, name, original)
         if placed is not None:
+            _take_back(before)
             if sys.modules.get(MODULE) is placed:
                 del sys.modules[MODULE]
             if getattr(parent, _LEAF, None) is placed:

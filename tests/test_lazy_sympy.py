@@ -155,3 +155,60 @@ def test_the_stand_ins_answer_plain_values_as_pytorch_and_leave_everything_as_fo
 @pytest.mark.slow
 def test_a_symbolic_value_brings_in_the_real_module_which_stays():
     assert run(SYMBOLIC) == "False False False\nSymBool\nkept: True True\n"
+
+
+#: A model file that takes symbolic-shapes functions at import time, and a helper module its
+#: ``__init__`` imports (so inside the build), then ``torch.compile`` with dynamic shapes over a
+#: function that asks ``statically_known_true`` about a symbolic size: real PyTorch says False.
+TAKEN = textwrap.dedent("""
+    import sys, pathlib
+    root = pathlib.Path(sys.argv[1])
+    top = ("import torch.fx.experimental.symbolic_shapes as ss\\n"
+           "from torch.fx.experimental.symbolic_shapes import statically_known_true\\n") if sys.argv[2] == "top" else ""
+    (root / "taker.py").write_text(
+        "import torch\\n"
+        "from torch import nn\\n" + top +
+        "class Net(nn.Module):\\n"
+        "    def __init__(self):\\n"
+        "        super().__init__()\\n"
+        "        import lazy_helper\\n"
+        "        self.fc = nn.Linear(16, 4)\\n"
+        "    def forward(self, x):\\n"
+        "        return self.fc(x)\\n")
+    (root / "lazy_helper.py").write_text(
+        "from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true\\n"
+        "class Rule:\\n"
+        "    check = staticmethod(statically_known_true)\\n")
+    sys.path.insert(0, str(root))
+    import torch
+    from neurarch_trace import api
+    from neurarch_trace.inputs import parse_input
+    graph, _ = api.trace_target(str(root / "taker.py") + ":Net", [parse_input("2,16")])
+    import taker, lazy_helper
+    real = sys.modules["torch.fx.experimental.symbolic_shapes"]
+    if sys.argv[2] == "top":
+        print("model file:", taker.ss is real, taker.statically_known_true is real.statically_known_true)
+    print("real:", not getattr(real, "_neurarch_stand_in", False),
+          lazy_helper.statically_known_true is real.statically_known_true,
+          lazy_helper.guard_or_false is real.guard_or_false,
+          lazy_helper.Rule.__dict__["check"].__func__ is real.statically_known_true)
+
+    def f(x):
+        return x + 100 if lazy_helper.statically_known_true(x.shape[0] == 6) else x
+    compiled = torch.compile(f, backend="eager", dynamic=True)
+    print("compiled:", compiled(torch.zeros(6)).tolist()[0], compiled(torch.zeros(3)).tolist()[0])
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["top", "lazy"])
+def test_what_a_model_takes_from_the_stand_in_at_import_is_the_real_module_after(tmp_path, where):
+    # a notebook session kept the stand-in's statically_known_true in a model file, and a later
+    # torch.compile(dynamic=True) took a branch real PyTorch never takes (a new-user pass). The
+    # model file is now imported before any stand-in is placed ("top"); a module its __init__
+    # imports during the build is given the real functions when the trace ends ("lazy")
+    proc = subprocess.run([sys.executable, "-c", TAKEN, str(tmp_path), where], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == (["model file: True True"] if where == "top" else []) + [
+        "real: True True True True", "compiled: 0.0 0.0"]
