@@ -539,3 +539,18 @@ def test_a_16_bit_base_and_the_kv_cache_are_measured() -> None:
     assert "halfWeightsActivationBytesPerSample" not in trace_model(
         nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 30 * 30, 10)),
         torch.randn(2, 3, 32, 32))["measured"]["training"]
+
+
+def test_a_diff_says_when_one_peak_is_measured_and_the_other_estimated() -> None:
+    # the same network with and without its rehearsed step: the diff's peaks differ by the method
+    # alone (a new-user pass: +2.3 GB between two identical ResNet-18s), and the card says so
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    measured = trace_model(model, torch.randn(4, 64))
+    estimated = copy.deepcopy(measured)
+    estimated["measured"].pop("training")
+    plan = make_plan(measured, base=estimated)
+    assert plan["plan"]["diff"]["sources"] == {"new": "measured", "base": "estimated"}
+    assert plan["plan"]["diff"]["params"]["delta"] == 0
+    text = " ".join(line.strip("|").strip() for line in plan["text"].splitlines())
+    assert "peaks: the new one measured, the base's estimated" in text
+    assert "peaks:" not in make_plan(measured, base=measured)["text"]

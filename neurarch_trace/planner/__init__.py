@@ -164,6 +164,9 @@ def make_plan(
     options = check_options(finetune, context, gpu, usd_per_hour)
     a = analyse(graph, what="model", seq_len=seq_len, attention=attention, context=options.context)
     b = analyse(base, what="base", seq_len=seq_len, attention=attention) if base is not None else None
+    if b is not None and seq_len is None and a.work.kind == b.work.kind == "tokens" and \
+            b.work.seq_len != a.work.seq_len:  # a per-token cost compares at one length: the card's
+        b = analyse(base, what="base", seq_len=a.work.seq_len, attention=attention)
     fit = fit_gpu(a.memory)
     unit = training_unit(a.work)
     sized = sizing(a, options)

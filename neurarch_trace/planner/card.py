@@ -322,9 +322,29 @@ def _count_row(label: str, items: List[str]) -> List[str]:
 _KINDS = {"image": "images", "tokens": "token sequences", "other": "other inputs", "unknown": "unknown inputs"}
 
 
+_MODES = {"full": "full training", "lora": "LoRA", "qlora": "QLoRA"}
+
+
+def _diff_caveats(diff: Mapping[str, Any]) -> List[str]:
+    """What makes the base's numbers differ in kind from the card's: its blockers, a fine-tuning
+    mode it cannot take, a peak estimated where the other is measured."""
+    out = []
+    blockers = diff.get("baseBlockers") or 0
+    if blockers:
+        out.append(f"the base has {blockers} blocker{'s' if blockers != 1 else ''}: sized as drawn")
+    modes = diff.get("finetune") or {}
+    if modes and modes.get("base") != modes.get("new"):
+        out.append(f"the base is sized for {_MODES.get(modes.get('base'), modes.get('base'))}: "
+                   f"{_MODES.get(modes.get('new'), modes.get('new'))} does not apply to it")
+    sources = diff.get("sources") or {}
+    if sources and sources.get("base") != sources.get("new"):
+        out.append(f"peaks: the new one {sources.get('new')}, the base's {sources.get('base')}")
+    return out
+
+
 def _diff_rows(diff: Mapping[str, Any]) -> List[str]:
     params, flops, peak = diff["params"], diff["flops"], diff["peakGb"]
-    rows = _row("Diff vs base", " ".join(str(diff["baseName"]).split()))
+    rows = _row("Diff vs base", " ".join(str(diff["baseName"]).split()), *_diff_caveats(diff))
     rows += _row("Params", f"{units.signed(units.count(abs(params['delta'])), params['delta'])} "
                            f"({units.count(params['base'])} -> {units.count(params['new'])})")
     if not diff.get("comparable", True):
@@ -340,10 +360,14 @@ def _diff_rows(diff: Mapping[str, Any]) -> List[str]:
         where = ("per GPU " if peak.get("gpus", 1) > 1 else "") + f"at batch {peak['batch']}"
         rows += _row("Peak memory", f"{units.signed(units.gb(abs(peak['delta']) * 1e9), peak['delta'])} {where} "
                                     f"({units.gb(peak['base'] * 1e9)} -> {units.gb(peak['new'] * 1e9)})")
+    elif diff.get("comparable", True):
+        rows += _row("Peak memory", "n/a: no number of GPUs holds one sample")
     cost = diff["costUsd"]
     if cost is not None:
         rows += _row("Cost", f"{units.usd_delta(cost['delta'])} {cost['per']} "
                              f"({units.usd(cost['base'])} -> {units.usd(cost['new'])})")
+    elif diff.get("comparable", True):
+        rows += _row("Cost", "n/a, as the card's")
     layers = diff["layers"]
     rows += _row("Layers", f"{len(layers['added'])} added, {len(layers['removed'])} removed, "
                            f"{len(layers['changed'])} changed")

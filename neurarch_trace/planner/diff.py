@@ -3,8 +3,12 @@
 Both graphs are sized on the same terms, the new design's card's: the same mode (full training,
 LoRA or QLoRA, as ``--finetune`` asks), the same setup (the card's strategy on its number of
 GPUs, with or without activation checkpointing), the same batch per GPU (the card's, batch 1 when
-nothing fits), and for cost the same card, cluster and unit of training. So a delta is what the
-change itself costs on the setup the card shows, not a different card, mode or batch being chosen.
+nothing fits), and for cost the same card, cluster and unit of training; a token model is read at
+the card's tokens per sample. So a delta is what the change itself costs on the setup the card
+shows, not a different card, mode, length or batch being chosen. Where the card fits nothing, the
+peaks compare on the cluster it says is needed, at batch 1, and nothing is priced. A base that LoRA
+cannot adapt is sized for full training (``finetune`` names both modes); ``sources`` says whether
+each peak was measured or estimated, and ``baseBlockers`` counts the base's blockers.
 
 That holds only for two models of one kind (:mod:`.workload`: images, token sequences, other).
 A ResNet against a GPT-2 has no common sample: FLOPs per sample, the peak at a batch and the cost
@@ -89,21 +93,28 @@ def diff(new: Analysis, base: Analysis, sized: Sizing, unit: Unit) -> Dict[str, 
     }
     if not comparable:
         return out
-    setup = sized.setup
+    step = tuning(base, find_blocks(base.structure, base.structure_counts), sized.tuning.mode, sized.options.rank)
+    out["sources"] = {"new": new.memory.source, "base": base.memory.source}
+    out["finetune"] = {"new": sized.tuning.mode, "base": step.mode}
+    out["flops"] = _delta(base.flops_per_sample, new.flops_per_sample)
     choice = sized.choice
-    batch = choice.batch if choice is not None else 1
-    gpu = choice.gpu if choice is not None else sized.singles[0][0]
-    step = tuning(base, find_blocks(base.structure, base.structure_counts), sized.tuning.asked, sized.options.rank)
+    if choice is not None:
+        setup, batch, gpu = choice.setup, choice.batch, choice.gpu
+    elif sized.needs is not None and sized.needs[0] is not None:  # the cluster the card says it needs
+        _, setup, gpu = sized.needs
+        batch = 1
+    else:  # nothing holds one sample: the card sizes nothing to compare with
+        return out
     checkpoint = setup.checkpoint and step.acts.checkpointed is not None
     base_setup = footprint(step.states, step.acts, setup.strategy, setup.gpus, checkpoint, step.others)
-    new_train = choice.train_flops if choice is not None else sized.tuning.flops
+    out["peakGb"] = {**_delta(base_setup.peak_bytes(batch) / 1e9, setup.peak_bytes(batch) / 1e9),
+                     "batch": batch, "gpus": setup.gpus, "strategy": setup.label, "finetune": sized.tuning.mode}
+    if choice is None:  # the card prices no setup that does not fit
+        return out
     base_train = step.flops_checkpointed if checkpoint else step.flops
-    new_cost = cluster_cost(new_train, unit, gpu, setup.gpus, new.mfu)
+    new_cost = cluster_cost(choice.train_flops, unit, gpu, setup.gpus, new.mfu)
     base_cost = cluster_cost(base_train, unit, gpu, setup.gpus, base.mfu)
     if new_cost.usd is not None and base_cost.usd is not None:
         out["costUsd"] = {**_delta(base_cost.usd, new_cost.usd), "unit": unit.key, "per": unit.phrase,
                           "gpu": gpu.id, "gpus": setup.gpus}
-    out["flops"] = _delta(base.flops_per_sample, new.flops_per_sample)
-    out["peakGb"] = {**_delta(base_setup.peak_bytes(batch) / 1e9, setup.peak_bytes(batch) / 1e9),
-                     "batch": batch, "gpus": setup.gpus, "strategy": setup.label, "finetune": sized.tuning.mode}
     return out
