@@ -24,7 +24,7 @@ from typing import Any, Iterator, List
 
 import torch
 
-__all__ = ["dynamo_left_unimported"]
+__all__ = ["dynamo_left_unimported", "compiled_code_run_eagerly"]
 
 #: The modules whose functions and tables are scanned for ``_disable_dynamo`` wrappers: the meta
 #: device's Python kernels, the optimizer base class, activation checkpointing.
@@ -126,3 +126,19 @@ def _place() -> List[Any]:
             setattr(fn, CACHE, fn)
             placed.append(fn)
     return placed
+
+
+@contextlib.contextmanager
+def compiled_code_run_eagerly() -> Iterator[None]:
+    """A block in which code under ``torch.compile`` (a compiled submodule, a compiled function in
+    a forward) runs as plain Python (``torch.compiler.set_stance("force_eager")``, PyTorch 2.6+), so
+    the tracer's hooks and dispatch modes see each of its layers and operations as in an eager
+    model, and dynamo does not compile the tracer's own code (a compiled submodule took 17 s and
+    about 40 recompilations per trace, with a step that differed between the CPU and meta). Only
+    when ``torch._dynamo`` is imported: a process that has not imported it has nothing compiled.
+    Raises nothing of its own."""
+    if "torch._dynamo" not in sys.modules or not hasattr(torch.compiler, "set_stance"):
+        yield
+        return
+    with torch.compiler.set_stance("force_eager"):
+        yield

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 import neurarch_trace.walk as walk
-from neurarch_trace.lazy_dynamo import dynamo_left_unimported
+from neurarch_trace.lazy_dynamo import compiled_code_run_eagerly, dynamo_left_unimported
 from neurarch_trace.lazy_sympy import sympy_left_unimported
 from neurarch_trace.rehearsal.attention import eager_extra_bytes
 from neurarch_trace.rehearsal.fit import combine
@@ -145,7 +145,7 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
         # a TorchScript part runs its graph as written: its executor optimises the graph after a few
         # calls, which would make the first trace's step differ from the next ones'
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), dynamo_left_unimported(), \
-                sympy_left_unimported(), torch.jit.optimized_execution(False):
+                sympy_left_unimported(), compiled_code_run_eagerly(), torch.jit.optimized_execution(False):
             warnings.simplefilter("ignore")
             return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars))
     except RehearsalError as exc:

@@ -27,7 +27,7 @@ from torch.utils.hooks import RemovableHandle
 import neurarch_trace.walk as walk
 from neurarch_trace.contract.document import gc_paused
 from neurarch_trace.errors import NeedsValuesError, OutOfMemoryError, TraceError, is_out_of_memory
-from neurarch_trace.lazy_dynamo import dynamo_left_unimported
+from neurarch_trace.lazy_dynamo import compiled_code_run_eagerly, dynamo_left_unimported
 from neurarch_trace.lazy_sympy import sympy_left_unimported
 from neurarch_trace.metakernels import MetaKernelMode, worth_a_mode
 from neurarch_trace.rehearsal import rehearse_training_step
@@ -357,7 +357,7 @@ def trace_model(
     # a trace makes many small objects that live to its end; the meta kernels are PyTorch's Python.
     # The records are freed (by reference counting) when _traced_graph returns, before the collection
     # that re-enabling the collector sets off, which then walks the graph alone.
-    with gc_paused(), dynamo_left_unimported(), sympy_left_unimported():
+    with gc_paused(), dynamo_left_unimported(), sympy_left_unimported(), compiled_code_run_eagerly():
         return _traced_graph(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress,
                              training_step, description)
 
