@@ -58,8 +58,10 @@ _depth = 0
 #: The real module once a stand-in has imported it: from then on every stand-in function hands
 #: every call to it, plain values too.
 _REAL: Any = None
-#: The stand-in functions (id -> the real name they stand for) and modules made so far.
+#: The stand-in module and its functions: id -> (the object, the real name it stands for; None for
+#: the module). One stand-in serves every block of the process.
 _STANDING: dict = {}
+_STAND_IN: Any = None
 
 
 def _real() -> types.ModuleType:
@@ -185,6 +187,14 @@ def _join(name: str, op: Any):
 
 
 def _stand_in() -> types.ModuleType:
+    """The stand-in module (made once per process)."""
+    global _STAND_IN
+    if _STAND_IN is None:
+        _STAND_IN = _new_stand_in()
+    return _STAND_IN
+
+
+def _new_stand_in() -> types.ModuleType:
     module = types.ModuleType(MODULE, "Stands in for PyTorch's module while neurarch-trace traces "
                                       "(neurarch_trace.lazy_sympy).")
     module._neurarch_stand_in = True
