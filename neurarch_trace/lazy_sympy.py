@@ -293,10 +293,12 @@ def _momentary_module(module: str, names: dict) -> types.ModuleType:
     return stand_in
 
 
-#: What each momentary stand-in answers: module -> {name: value}.
+#: The momentary stand-ins (one per module, made once): each answers the names given here, and any
+#: other by importing the real module.
 MOMENTARY = {
-    "sympy": lambda: {"Basic": _NoSympyObject},
-    "torch.utils._sympy.functions": lambda: {"Max": _deferred_in("torch.utils._sympy.functions", "Max")},
+    "sympy": _momentary_module("sympy", {"Basic": _NoSympyObject}),
+    "torch.utils._sympy.functions": _momentary_module(
+        "torch.utils._sympy.functions", {"Max": _deferred_in("torch.utils._sympy.functions", "Max")}),
 }
 
 
@@ -306,7 +308,7 @@ def _momentary(function: Any, modules: tuple) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         if "sympy" in sys.modules:
             return function(*args, **kwargs)
-        placed = {m: _momentary_module(m, MOMENTARY[m]()) for m in modules if m not in sys.modules}
+        placed = {m: MOMENTARY[m] for m in modules if m not in sys.modules}
         sys.modules.update(placed)
         try:
             return function(*args, **kwargs)

@@ -163,10 +163,10 @@ def make_plan(
     _check_options(seq_len, attention)
     options = check_options(finetune, context, gpu, usd_per_hour)
     a = analyse(graph, what="model", seq_len=seq_len, attention=attention, context=options.context)
-    b = analyse(base, what="base", seq_len=seq_len, attention=attention) if base is not None else None
-    if b is not None and seq_len is None and a.work.kind == b.work.kind == "tokens" and \
-            b.work.seq_len != a.work.seq_len:  # a per-token cost compares at one length: the card's
-        b = analyse(base, what="base", seq_len=a.work.seq_len, attention=attention)
+    # a token base is read at the card's tokens per sample (per-token costs compare at one length);
+    # a base of another kind ignores it
+    base_len = a.work.seq_len if a.work.kind == "tokens" else seq_len
+    b = analyse(base, what="base", seq_len=base_len, attention=attention) if base is not None else None
     fit = fit_gpu(a.memory)
     unit = training_unit(a.work)
     sized = sizing(a, options)
