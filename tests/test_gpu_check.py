@@ -46,4 +46,46 @@ def test_the_report_pairs_predictions_with_measurements_by_id() -> None:
         if row["mode"] != "serve":
             assert row["measuredMfu"] == pytest.approx(row["trainFlops"] / (row["stepS"] * 989.4e12), rel=1e-12)
     table = gpu_memory_check.table(report)
-    assert "| LLaMA-3-8B | LoRA r16 + ckpt | 16 x 2048 | 84.24 GB | 84.60 GB | 0.996x |" in table
+    assert "| LLaMA-3-8B | LoRA r16 + ckpt | 16 x 2048 | 84.24 GB | 84.60 GB | 0.996x | 0.998x |" in table
+
+
+def test_a_report_warns_when_predicted_with_another_transformers(capsys: pytest.CaptureFixture[str]) -> None:
+    """The rehearsal runs the model's own code: predictions made with one transformers and
+    measurements with another compare two programs (GPT-NeoX's cache changed dtype between 5.17
+    and 5.25). The committed QLoRA set was predicted with the GPU machine's version; the fourth set
+    recorded none."""
+    results = ROOT / "bench" / "results"
+    same = gpu_memory_check.report(json.loads((results / "gpu_cases_quantized.json").read_text()),
+                                   results / "gpu_rows_quantized.jsonl")
+    assert same["predictedWith"]["transformers"] == same["transformers"] == "5.17.0"
+    assert "warning" not in capsys.readouterr().err
+    gpu_memory_check.report(json.loads((results / "gpu_cases_confirm.json").read_text()),
+                            results / "gpu_rows_confirm.jsonl")
+    assert "predict again with the measured version" in capsys.readouterr().err
+    # the card's number against the device's: the peak plus the allowance over the allocated peak
+    # plus the memory outside PyTorch's pool
+    row = next(r for r in same["rows"] if r["id"] == "llama7b-qlora-kbit-b4-t1024")
+    assert row["cardRatio"] == pytest.approx((row["predictedGb"] + 1.0) / (row["measuredGb"] + row["outsidePoolGb"]))
+    assert row["measuredGb"] == pytest.approx(45.62693632) and row["peakRatio"] < 0.7
+
+
+def test_alive_at_peak_replays_an_allocator_trace() -> None:
+    """What was allocated at the trace's highest point, by the model's own call sites (PyTorch's
+    frames are left out whatever their path); frees of blocks allocated before the recording
+    are ignored."""
+    def frames(line: int) -> list[dict]:
+        return [{"filename": "/opt/torch/.venv/lib/python3.12/site-packages/torch/nn/functional.py",
+                 "line": 9, "name": "linear"},
+                {"filename": "/opt/torch/.venv/lib/python3.12/site-packages/transformers/models/llama/"
+                             "modeling_llama.py", "line": line, "name": "forward"}]
+    trace = [{"action": "alloc", "addr": 1, "size": 4_000_000_000, "frames": frames(10)},
+             {"action": "free_requested", "addr": 99, "size": 7},  # allocated before the recording
+             {"action": "alloc", "addr": 2, "size": 1_000_000_000, "frames": frames(20)},
+             {"action": "alloc", "addr": 3, "size": 2_000_000_000, "frames": frames(10)},
+             {"action": "free_requested", "addr": 1, "size": 4_000_000_000},
+             {"action": "alloc", "addr": 4, "size": 500_000_000, "frames": []},
+             {"action": "free_completed", "addr": 1, "size": 4_000_000_000}]
+    alive = gpu_memory_check.alive_at_peak(trace)
+    assert alive["tracedPeakGb"] == 7.0
+    assert alive["sites"] == [{"gb": 6.0, "tensors": 2, "where": "modeling_llama.py:10:forward"},
+                              {"gb": 1.0, "tensors": 1, "where": "modeling_llama.py:20:forward"}]
