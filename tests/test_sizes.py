@@ -317,6 +317,11 @@ def test_llama70b_qlora_numbers(llama70b: dict[str, Any]) -> None:
     text = make_plan(llama70b, finetune="qlora")["text"].splitlines()
     assert row("Fine-tune", "QLoRA r=16: 207.1M trainable params (0.29%)") in text
     assert row("", "adapters on 560 linear layers, NF4 base 39.5 GB") in text
+    # which recipe that is, and what the other (prepare_model_for_kbit_training) measured on a GPU
+    card = make_plan(llama70b, finetune="qlora")["text"]
+    assert "non-4-bit weights sized in 16 bits; prepare_model_for_kbit_training" in " ".join(
+        line.strip("| ").strip() for line in card.splitlines())
+    assert "prepare_model_for_kbit_training" not in make_plan(llama70b, finetune="lora")["text"]
 
 
 def test_llama70b_qlora_fits_one_80gb_card_not_one_48gb_card(llama70b: dict[str, Any]) -> None:

@@ -264,6 +264,16 @@ def _cost_rows(model: Mapping[str, Any], training: Optional[Mapping[str, Any]]) 
     return _row("Training cost", value, detail)
 
 
+#: Which QLoRA recipe the card sizes, and what the other one measured. ``get_peft_model`` over a
+#: model loaded with ``BitsAndBytesConfig(load_in_4bit=True)`` keeps what is not quantised in 16
+#: bits; PEFT's ``prepare_model_for_kbit_training`` (which TRL's ``SFTTrainer`` calls on a k-bit
+#: model) upcasts it to float32, and bitsandbytes' ``Linear4bit`` then returns float32 outputs:
+#: LLaMA-7B at 4 x 1,024 tokens peaked at 45.63 GB against 28.67 GB on an H200
+#: (``bench/gpu_memory_check.py``, set ``quantized``, 2026-12-04).
+QLORA_RECIPE = ("non-4-bit weights sized in 16 bits; prepare_model_for_kbit_training (TRL) makes them float32: "
+                "measured 1.6x the peak (LLaMA-7B)")
+
+
 def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
     if not finetune or finetune.get("asked", "full") == "full":
         return []
@@ -271,10 +281,11 @@ def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
         return _row("Fine-tune", finetune["note"])
     name = "QLoRA" if finetune["mode"] == "qlora" else "LoRA"
     base = "NF4 base" if finetune["mode"] == "qlora" else "16-bit base"
+    more = [QLORA_RECIPE] if finetune["mode"] == "qlora" else []
     return _row("Fine-tune", f"{name} r={finetune['rank']}: {units.count(finetune['trainableParams'])} trainable "
                              f"params ({finetune['trainablePercent']:.2f}%)",
                 f"adapters on {finetune['adaptedLayers']} linear layers, {base} "
-                f"{units.gb(finetune['baseGb'] * 1e9)}")
+                f"{units.gb(finetune['baseGb'] * 1e9)}", *more)
 
 
 def _setup(option: Mapping[str, Any]) -> str:
