@@ -204,8 +204,9 @@ def _activations(a: Analysis, blocks: Blocks, extra: float, phase: PhasePeak | N
     transients are gone by then, so the phase holds the forward's activations outside the blocks,
     the blocks' outputs (at most what the phase held), one block's activations and score matrices
     (:func:`_scores_saving`), and that block's backward transients: the gradients of its largest
-    layer output and of that layer's input, 16-bit under autocast, taken as twice the output (an
-    eager attention call's score-matrix gradients are not counted). The phase's bytes are the larger
+    layer output and of that layer's input, 16-bit under autocast, taken as twice the output, and
+    with eager attention what one call's backward allocates beyond what it saved (its score
+    matrices' gradients, measured: ``MemoryModel.eager_backward_bytes``). The phase's bytes are the larger
     of the two (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", section 3: the
     peak of the backward is the kept outputs plus one segment's activations; the two are not alive
     together with the loss's). Measured against real steps on an H200 (``bench/gpu_memory_check.py``).
@@ -235,10 +236,14 @@ def _activations(a: Analysis, blocks: Blocks, extra: float, phase: PhasePeak | N
     before = plain - cache - max(0.0, min(rest, block_bytes) - boundary) - scores
     if phase.phase != "backward":
         return Activations(plain, max(before, 0.0))
+    # an eager attention call's backward (its score matrices' gradients) runs in a block, so with
+    # checkpointing inside the recompute, not before it
+    eager_backward = a.memory.eager_backward_bytes
+    before -= eager_backward
     outside = max(0.0, rest - block_bytes)
     transient = 2 * blocks.largest_output_bytes * scale
     during = (phase.per_sample.get("inputs", 0.0) + min(rest, outside + boundary) + blocks.largest_bytes * scale * ratio
-              + scores - freed_scores + extra + transient)
+              + scores - freed_scores + eager_backward + extra + transient)
     return Activations(plain, max(before, during, 0.0))
 
 

@@ -163,6 +163,10 @@ class MemoryModel:
     #: the attention calls whose eager score matrices ``attentionScores`` holds (measured SDPA calls,
     #: or attention-typed layers when estimated); 0 when it holds none
     attention_calls: int = 0
+    #: bytes per sample that one eager attention call's backward allocates beyond what it saved
+    #: (``measured.training.attention.eagerBackwardBytesPerSample``, sized for the planned length),
+    #: counted in the backward phase's ``backward`` transients; 0 unless ``--attention eager``
+    eager_backward_bytes: float = 0.0
 
     def peak(self, batch: int) -> PhasePeak:
         """The phase peak that is largest at ``batch``."""
@@ -283,6 +287,14 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
     phases = [_measured_phase(raw, work.scale, eager) for raw in peaks]
     if any(p is None for p in phases):
         return None, "measured.training.peaks is malformed"
+    eager_backward = 0.0
+    if attention == "eager" and any(eager):
+        # the gradients of one call's score matrices, while every activation is still alive: the
+        # backward phase meets them once (each call's backward runs alone), sized like the scores
+        eager_backward = (_positive_bytes(att, "eagerBackwardBytesPerSample") or 0.0) * work.scale * work.scale
+        phases = [p if p is None or p.phase != "backward" or not eager_backward else PhasePeak(
+            p.phase, p.state, {**p.per_sample, "backward": p.per_sample.get("backward", 0.0) + eager_backward})
+            for p in phases]
     kv = (_positive_bytes(training, "kvCacheBytesPerSample") or 0.0) * work.scale
     if training.get("useCache") is False and kv:
         # traced with a KV cache its config turns off (a meta build needs one): the step the model
@@ -293,7 +305,8 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
         kv = 0.0
     calls = (measured_int(att, "sdpaCalls") or 0) if attention == "eager" and any(eager) else 0
     return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls,
-                       half_weights_ratio=_half_weights_ratio(training, peaks), kv_cache_bytes=kv), ""
+                       half_weights_ratio=_half_weights_ratio(training, peaks), kv_cache_bytes=kv,
+                       eager_backward_bytes=eager_backward), ""
 
 
 def _half_weights_ratio(training: Mapping[str, Any], peaks: list) -> float | None:

@@ -36,7 +36,7 @@ from torch import nn
 import neurarch_trace.walk as walk
 from neurarch_trace.lazy_dynamo import compiled_code_run_eagerly, dynamo_left_unimported
 from neurarch_trace.lazy_sympy import sympy_left_unimported
-from neurarch_trace.rehearsal.attention import eager_extra_bytes
+from neurarch_trace.rehearsal.attention import eager_backward_bytes, eager_extra_bytes
 from neurarch_trace.rehearsal.fit import combine
 from neurarch_trace.rehearsal.step import InputPlan, Rehearsal, RehearsalError, Run
 from neurarch_trace.rehearsal.storage import KINDS
@@ -50,17 +50,22 @@ STEP = ("train() forward under bf16 autocast (CUDA op lists), float32 loss on th
 
 
 def _attention(run: Run) -> dict[str, Any]:
+    """``measured.training.attention``: the calls, and what eager attention would keep and allocate
+    in their place (all calls' score matrices; the largest backward's allocations, which run one
+    call at a time)."""
     known: dict[tuple, tuple[int, int]] = {}
-    eager = fused = 0
+    eager = fused = backward = 0
     for call in run.attention.calls:
         if call not in known:
             known[call] = eager_extra_bytes(call)
+            backward = max(backward, eager_backward_bytes(call))
         eager += known[call][0]
         fused += known[call][1]
     return {"sdpaCalls": len(run.attention.calls), "kernels": run.attention.kernels(),
             "eagerScoreBytesPerSample": round(eager / run.batch, 3),
             "fusedKeptBytesPerSample": round(fused / run.batch, 3),
-            "eagerExtraBytesPerSample": round((eager - fused) / run.batch, 3)}
+            "eagerExtraBytesPerSample": round((eager - fused) / run.batch, 3),
+            "eagerBackwardBytesPerSample": round(backward / run.batch, 3)}
 
 
 def _try(rehearsal: Rehearsal, batch: int, tokens: int | None, flops: bool) -> Run | None:

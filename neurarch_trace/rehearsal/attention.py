@@ -15,7 +15,9 @@ Each call's shapes are recorded; :func:`eager_extra_bytes` then measures, for ea
 how many more bytes eager attention (the scores materialised: ``softmax(QK^T / sqrt(d) + mask)V``
 with the softmax in float32 and its output cast back to 16 bits, as transformers'
 ``eager_attention_forward`` and any hand-written attention under autocast compute it, dropout
-keeping a bool mask) saves for backward than the fused kernel: the ``--attention eager`` term.
+keeping a bool mask) saves for backward than the fused kernel: the ``--attention eager`` term;
+and :func:`eager_backward_bytes` how many more its backward allocates on top of what it saved (the
+score matrices' gradients), which the peak meets once, in whichever call's backward runs.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812 - the usual name
 
-__all__ = ["FusedAttention", "eager_extra_bytes"]
+__all__ = ["FusedAttention", "eager_backward_bytes", "eager_extra_bytes"]
 
 _aten = torch.ops.aten
 #: The largest head size FlashAttention-2 supports (``check_head_dim_size_flash`` in sdp_utils.cpp).
@@ -118,15 +120,10 @@ def _eager(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: An
     return torch.matmul(probs, value)
 
 
-def eager_extra_bytes(call: tuple) -> tuple[int, int]:
-    """``(eager, fused)``: the bytes eager attention saves for backward (the score matrices: they
-    grow with queries x keys) and those the fused kernel saves instead (its output and log-sum-exp:
-    they grow with the queries), for one recorded call at its own batch size; ``(0, 0)`` for a call
-    that already ran the math path."""
+def _call_inputs(call: tuple) -> tuple[list[torch.Tensor], float, str]:
+    """Meta inputs ``[q, k, v(, additive mask)]`` of a recorded call (the key and value heads
+    repeated for grouped-query attention, a bool mask made additive), its dropout and kernel."""
     q_shape, k_shape, v_shape, dtype, mask_shape, mask_dtype, dropout_p, kernel = call
-    if kernel == "math":
-        return 0, 0
-    fused = FusedAttention()
     with torch.device("meta"):
         q = torch.empty(q_shape, dtype=dtype, requires_grad=True)
         k = torch.empty(k_shape, dtype=dtype, requires_grad=True)
@@ -134,13 +131,66 @@ def eager_extra_bytes(call: tuple) -> tuple[int, int]:
         mask = torch.empty(mask_shape, dtype=mask_dtype) if mask_shape is not None else None
     if k.shape[-3] != q.shape[-3]:  # grouped-query attention: both paths repeat the key/value heads
         groups = q.shape[-3] // k.shape[-3]
-        k_full, v_full = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
-    else:
-        k_full, v_full = k, v
+        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
     bias = mask
     if mask is not None and mask.dtype == torch.bool:
         bias = torch.zeros(mask.shape, dtype=dtype, device="meta").masked_fill(mask.logical_not(), float("-inf"))
-    inputs = [q, k_full, v_full] + ([bias] if bias is not None else [])
+    return [q, k, v] + ([bias] if bias is not None else []), dropout_p, kernel
+
+
+def eager_backward_bytes(call: tuple) -> int:
+    """Bytes that eager attention's backward allocates, at its peak, beyond what its forward saved,
+    for one recorded call at its own batch size, in score-sized tensors (queries x keys per head):
+    the gradients of the score matrices (the softmax's in float32, and their 16-bit casts), while
+    the saved scores are still alive.
+    Measured by running the call's forward and backward on the meta device under
+    :class:`~neurarch_trace.rehearsal.storage.StorageTracker` (the incoming gradient and the
+    output are not counted: they belong to the layers around it). ``0`` for a call that ran the
+    math path, whose backward the rehearsed step already ran."""
+    from neurarch_trace.rehearsal.storage import KINDS, StorageTracker
+
+    inputs, dropout_p, kernel = _call_inputs(call)
+    if kernel == "math":
+        return 0
+    tracker = StorageTracker()
+    with tracker:
+        tracker.start("forward")
+        out = _eager(inputs[0], inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None, dropout_p)
+        tracker.ignore(out)
+        grad = torch.empty(out.shape, dtype=out.dtype, device="meta")
+        tracker.ignore(grad)
+        tracker.start("backward")
+        torch.autograd.backward(out, grad, inputs=[t for t in inputs[:3] if t.requires_grad])
+    # the score-sized storages alone (queries x keys per head, in any dtype: the softmax's float32,
+    # its 16-bit cast, a bool dropout mask and their gradients), alive during the backward: the
+    # inputs' gradients and other per-query tensors grow with the queries, are the layer's own and
+    # are counted as the block's transients
+    q, k = inputs[0], inputs[1]
+    scores = q.shape[:-1].numel() * k.shape[-2]
+    counted = {KINDS.index("activations"), KINDS.index("backward")}
+    backward_from = dict(tracker.phases)["backward"]
+    live = peak = 0
+    kept = None  # the score-sized bytes alive when the backward starts: what the forward saved
+    for index, (record, sign) in enumerate(tracker.events):
+        if kept is None and index >= backward_from:
+            kept = peak = live
+        if record.nbytes < scores or record.kind not in counted:
+            continue
+        live += sign * record.nbytes
+        if kept is not None:
+            peak = max(peak, live)
+    return max(0, peak - kept) if kept is not None else 0
+
+
+def eager_extra_bytes(call: tuple) -> tuple[int, int]:
+    """``(eager, fused)``: the bytes eager attention saves for backward (the score matrices: they
+    grow with queries x keys) and those the fused kernel saves instead (its output and log-sum-exp:
+    they grow with the queries), for one recorded call at its own batch size; ``(0, 0)`` for a call
+    that already ran the math path."""
+    inputs, dropout_p, kernel = _call_inputs(call)
+    if kernel == "math":
+        return 0, 0
+    fused = FusedAttention()
     fused_bytes = _saved_bytes(lambda a, b, c, *m: fused(a, b, c, m[0] if m else None, dropout_p), inputs)
     eager_bytes = _saved_bytes(lambda a, b, c, *m: _eager(a, b, c, m[0] if m else None, dropout_p), inputs)
     return eager_bytes, fused_bytes
