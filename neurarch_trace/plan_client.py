@@ -28,6 +28,7 @@ the original error stays reachable as ``__cause__``.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -513,6 +514,15 @@ def _server_sentence(response: requests.Response) -> Optional[str]:
     return None
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (``name[:port]``, an IPv6 address in brackets) is this machine."""
+    name = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:  # a name, not an address
+        return name.lower() == "localhost"
+
+
 def _status_error(response: requests.Response, *, host: str, key_sent: bool) -> PlanStatusError:
     code = response.status_code
     sentence = _server_sentence(response)
@@ -530,6 +540,8 @@ def _status_error(response: requests.Response, *, host: str, key_sent: bool) -> 
             message += "; set NEURARCH_API_KEY to an API key the service issued to lift the limit"
         if retry_after is not None:
             message += f", or retry in {wait_text(retry_after)}"
+        if _loopback(host):  # a service on this machine: most likely one the user started
+            message += "; a service you run yourself plans without a limit with `neurarch-trace serve --rate-limit 0`"
         return PlanRateLimitError(
             message, host=host, status_code=code, server_message=sentence, retry_after=retry_after
         )

@@ -231,7 +231,9 @@ def test_the_bearer_key_lifts_a_rate_limit_of_one(plan_server_factory, tmp_path:
         re.escape(f"neurarch-trace: the plan service at {host_of(url)} answered 429: rate limit reached: "
                   "anonymous callers get 1 plan per hour per IP; set NEURARCH_API_KEY to a key of this "
                   "service, or retry in ") + r"\d+ minutes?"
-        + re.escape("; the graph is still at small.neurarch.json"),
+        # a service on this machine: the user most likely started it, and can turn the limit off
+        + re.escape("; a service you run yourself plans without a limit with `neurarch-trace serve "
+                    "--rate-limit 0`; the graph is still at small.neurarch.json"),
         error,
     ), error
     for _ in range(2):

@@ -236,9 +236,11 @@ def test_429_tells_the_user_to_set_the_key(canned: CannedServer) -> None:
     with pytest.raises(PlanRateLimitError) as info:
         request_plan(small_graph(), api=canned.url)
     err = info.value
+    # the canned service listens on this machine: the user most likely started it, and can lift it
+    own = "; a service you run yourself plans without a limit with `neurarch-trace serve --rate-limit 0`"
     assert str(err) == (
         f"the plan service at {canned.host} answered 429: Rate limit exceeded: 60 calls an hour; "
-        "set NEURARCH_API_KEY to an API key the service issued to lift the limit, or retry in 2 minutes"
+        "set NEURARCH_API_KEY to an API key the service issued to lift the limit, or retry in 2 minutes" + own
     )
     assert (err.status_code, err.retry_after) == (429, 120.0)
     assert isinstance(err, PlanStatusError)
@@ -247,15 +249,25 @@ def test_429_tells_the_user_to_set_the_key(canned: CannedServer) -> None:
         request_plan(small_graph(), api=canned.url)
     assert str(info.value) == (  # the service's own advice is not repeated
         f"the plan service at {canned.host} answered 429: Too many calls; set NEURARCH_API_KEY to a key, "
-        "or retry in 2 hours"
+        "or retry in 2 hours" + own
     )
     canned.answer(429, {"error": "Rate limit exceeded."})
     with pytest.raises(PlanRateLimitError) as info:
         request_plan(small_graph(), api=canned.url, api_key="spent")
     assert str(info.value) == (
         f"the plan service at {canned.host} answered 429: Rate limit exceeded; "
-        "the API key sent did not lift the limit; check NEURARCH_API_KEY"
+        "the API key sent did not lift the limit; check NEURARCH_API_KEY" + own
     )
+
+
+@pytest.mark.parametrize("host, here", [
+    ("127.0.0.1:8765", True), ("localhost", True), ("LOCALHOST:80", True), ("[::1]:8000", True),
+    ("127.1.2.3:1", True), ("www.neurarch.com", False), ("10.0.0.7:8765", False), ("[2001:db8::1]:443", False),
+    ("127.example.com", False),
+])
+def test_a_rate_limit_hint_only_for_a_service_on_this_machine(host: str, here: bool) -> None:
+    from neurarch_trace import plan_client
+    assert plan_client._loopback(host) is here
 
 
 def test_401_points_at_the_key(canned: CannedServer) -> None:
