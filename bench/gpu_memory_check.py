@@ -400,6 +400,17 @@ def _peak(device: torch.device) -> dict[str, Any]:
 CHECKPOINTS = Path("/tmp/neurarch-gpu-check")
 
 
+def _in_bf16(factory: Callable[..., nn.Module], device: torch.device) -> nn.Module:
+    """``factory()`` built on ``device`` with bfloat16 as the default dtype."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with device:
+            return factory()
+    finally:
+        torch.set_default_dtype(default)
+
+
 def _quantized(c: dict, factory: Callable[..., nn.Module], device: torch.device, shrink: bool) -> nn.Module:
     """The model loaded as a user loads a 4-bit (``qlora``, ``int4``) or 8-bit (``int8``) one:
     ``from_pretrained(checkpoint, quantization_config=BitsAndBytesConfig(...), dtype=bfloat16)``
@@ -408,13 +419,7 @@ def _quantized(c: dict, factory: Callable[..., nn.Module], device: torch.device,
     import transformers as tf
     folder = CHECKPOINTS / (c["model"] + ("-shrunk" if shrink else ""))
     if not (folder / "config.json").exists():
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            with device:
-                model = factory()
-        finally:
-            torch.set_default_dtype(default)
+        model = _in_bf16(factory, device)
         model.save_pretrained(folder)
         del model
         gc.collect()
@@ -441,13 +446,7 @@ def _build(c: dict, device: torch.device, shrink: bool) -> nn.Module:
     if c["mode"] == "qlora" or c.get("precision", "bf16") != "bf16":
         model = _quantized(c, factory, device, shrink)
     else:  # LoRA and serving: a 16-bit base, built in bfloat16 on the device
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            with device:
-                model = factory()
-        finally:
-            torch.set_default_dtype(default)
+        model = _in_bf16(factory, device)
     if c["mode"] in ("lora", "qlora"):
         import peft
         if c.get("kbit"):

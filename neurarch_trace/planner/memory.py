@@ -292,7 +292,7 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
         # the gradients of one call's score matrices, while every activation is still alive: the
         # backward phase meets them once (each call's backward runs alone), sized like the scores
         eager_backward = (_positive_bytes(att, "eagerBackwardBytesPerSample") or 0.0) * work.scale * work.scale
-        phases = [p if p is None or p.phase != "backward" or not eager_backward else PhasePeak(
+        phases = [p if p.phase != "backward" else PhasePeak(
             p.phase, p.state, {**p.per_sample, "backward": p.per_sample.get("backward", 0.0) + eager_backward})
             for p in phases]
     kv = (_positive_bytes(training, "kvCacheBytesPerSample") or 0.0) * work.scale

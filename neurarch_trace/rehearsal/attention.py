@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812 - the usual name
 
+from neurarch_trace.rehearsal.storage import KINDS, StorageTracker
+
 __all__ = ["FusedAttention", "eager_backward_bytes", "eager_extra_bytes"]
 
 _aten = torch.ops.aten
@@ -147,8 +149,6 @@ def eager_backward_bytes(call: tuple) -> int:
     :class:`~neurarch_trace.rehearsal.storage.StorageTracker` (the incoming gradient and the
     output are not counted: they belong to the layers around it). ``0`` for a call that ran the
     math path, whose backward the rehearsed step already ran."""
-    from neurarch_trace.rehearsal.storage import KINDS, StorageTracker
-
     inputs, dropout_p, kernel = _call_inputs(call)
     if kernel == "math":
         return 0
