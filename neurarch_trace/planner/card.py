@@ -381,8 +381,13 @@ def _diff_rows(diff: Mapping[str, Any]) -> List[str]:
     elif diff.get("comparable", True):
         rows += _row("Cost", "n/a, as the card's")
     layers = diff["layers"]
-    rows += _row("Layers", f"{len(layers['added'])} added, {len(layers['removed'])} removed, "
-                           f"{len(layers['changed'])} changed")
+    counted = f"{len(layers['added'])} added, {len(layers['removed'])} removed, {len(layers['changed'])} changed"
+    prefixes = layers.get("prefixes")
+    if prefixes:  # the same layers under another outer scope (a task head's model.)
+        side = "new" if prefixes["new"] else "base"
+        rows += _row("Layers", counted, f"(matched by name without the {side} model's '{prefixes[side]}')")
+    else:
+        rows += _row("Layers", counted)
     return rows
 
 

@@ -19,7 +19,7 @@ still are.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from neurarch_trace.contract import Graph, Node
 from neurarch_trace.planner.analysis import Analysis
@@ -29,7 +29,7 @@ from neurarch_trace.planner.finetune import tuning
 from neurarch_trace.planner.sizing import Sizing
 from neurarch_trace.planner.strategy import footprint
 
-__all__ = ["diff", "layer_changes"]
+__all__ = ["diff", "layer_changes", "name_alignment"]
 
 
 def _signature(node: Node) -> Dict[str, Any]:
@@ -54,22 +54,61 @@ def _layers_by_name(graph: Graph) -> Dict[str, Node]:
     return by_name
 
 
-def layer_changes(new: Graph, base: Graph) -> Dict[str, List[Any]]:
+def _prefixes(names: List[str]) -> List[str]:
+    """The first scope of each dotted name, with its dot (``model.`` of ``model.layers.0.mlp``)."""
+    return sorted({name.split(".", 1)[0] + "." for name in names if "." in name})
+
+
+def _matches(new_names: List[str], base_names: Dict[str, Node], new_prefix: str, base_prefix: str) -> int:
+    """How many new layers name a base layer once ``new_prefix`` is taken off the new names and
+    ``base_prefix`` off the base's."""
+    base = {name[len(base_prefix):] for name in base_names if name.startswith(base_prefix)}
+    return sum(1 for name in new_names if name.startswith(new_prefix) and name[len(new_prefix):] in base)
+
+
+def name_alignment(new: Graph, base: Graph) -> Tuple[str, str]:
+    """``(new prefix, base prefix)``: the outer scope to take off each graph's layer names so that
+    they match, or ``("", "")``. The same model loaded as a bare backbone and with a task head
+    names its layers ``layers.0.mlp`` and ``model.layers.0.mlp`` (transformers' ``AutoModel`` and
+    ``AutoModelForCausalLM``; ``bert.`` for BERT's heads): the outer scope that matches the most
+    layers is taken, and only when it matches more than the names as they are."""
+    new_by_name, base_by_name = _layers_by_name(new), _layers_by_name(base)
+    new_names = list(new_by_name)
+    best, best_count = ("", ""), _matches(new_names, base_by_name, "", "")
+    candidates = [(p, "") for p in _prefixes(new_names)] + [("", p) for p in _prefixes(list(base_by_name))]
+    for new_prefix, base_prefix in candidates:
+        count = _matches(new_names, base_by_name, new_prefix, base_prefix)
+        if count > best_count:
+            best, best_count = (new_prefix, base_prefix), count
+    return best
+
+
+def layer_changes(new: Graph, base: Graph) -> Dict[str, Any]:
     """Layers added, removed and changed (type, params or shapes), matched by name: every
     component but the ``input`` and ``output`` nodes, as the card counts layers (a new input size
-    shows in the other deltas, not as two changed layers)."""
+    shows in the other deltas, not as two changed layers). Names are matched after
+    :func:`name_alignment`'s outer scopes are taken off, which ``prefixes`` then gives (absent when
+    none was); each list keeps the names as its own graph has them."""
     new_by_name, base_by_name = _layers_by_name(new), _layers_by_name(base)
-    added = [name for name in new_by_name if name not in base_by_name]
-    removed = [name for name in base_by_name if name not in new_by_name]
+    new_prefix, base_prefix = name_alignment(new, base)
+    base_key = {name[len(base_prefix):]: name for name in base_by_name if name.startswith(base_prefix)}
+    new_key = {name[len(new_prefix):]: name for name in new_by_name if name.startswith(new_prefix)}
+    paired = {name: base_key[key] for key, name in new_key.items() if key in base_key}
+    added = [name for name in new_by_name if name not in paired]
+    matched = set(paired.values())
+    removed = [name for name in base_by_name if name not in matched]
     changed = []
     for name, node in new_by_name.items():
-        if name not in base_by_name:
+        if name not in paired:
             continue
-        before, after = _signature(base_by_name[name]), _signature(node)
+        before, after = _signature(base_by_name[paired[name]]), _signature(node)
         fields = [key for key in after if after[key] != before[key]]
         if fields:
             changed.append({"name": name, "fields": fields})
-    return {"added": added, "removed": removed, "changed": changed}
+    out: Dict[str, Any] = {"added": added, "removed": removed, "changed": changed}
+    if new_prefix or base_prefix:
+        out["prefixes"] = {"new": new_prefix, "base": base_prefix}
+    return out
 
 
 def _delta(base: float, new: float) -> Dict[str, float]:
