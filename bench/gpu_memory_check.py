@@ -16,8 +16,10 @@ runs where the project is installed::
 device, as the CLI builds them), and the planner's own functions give, for one GPU:
 
 * training: ``footprint(tuning(...), "single", 1, checkpoint).peak_bytes(batch)`` (the per-GPU
-  peak behind ``plan.fit`` and ``plan.cost.peakGb``, for ``full`` or ``lora`` at LoRA rank
-  ``DEFAULT_RANK``), less the plan's 1 GB framework allowance;
+  peak behind ``plan.fit`` and ``plan.cost.peakGb``, for ``full``, ``lora`` or ``qlora`` at LoRA
+  rank ``DEFAULT_RANK``; a LoRA or QLoRA case is traced with ``finetune=`` its mode, as the command
+  line's ``--finetune`` traces, so its step is rehearsed; a ``kbit`` case without checkpointing is
+  the card's ``plan.finetune.kbit`` line), less the plan's 1 GB framework allowance;
 * serving: weights + KV cache + one decode step at ``context`` x ``batch`` (``planner.serve``),
   less the allowance;
 * step time: training FLOPs x batch / (the GPU's dense bf16 peak x the plan's MFU), the number
@@ -264,8 +266,22 @@ EAGER = [
     case("gpt2", "full", 32, 1024, checkpoint=True, attention="eager"),
     case("mistral7b", "lora", 8, 2048, checkpoint=True, attention="eager"),
 ]
+#: A seventh set: every LoRA and QLoRA case measured above, predicted again once the plan sized
+#: them from the fine-tuning step itself, rehearsed as PEFT and bitsandbytes run it
+#: (``measured.training.adapters``, ``neurarch_trace/rehearsal/adapters.py``), against the rows
+#: already measured (no new measurement: ``report`` over their rows).
+ADAPTERS = [c for cases in (CASES, HELD_OUT, FRESH, CONFIRM, QUANTIZED, EAGER) for c in cases
+            if c["mode"] in ("lora", "qlora")]
+#: An eighth set, predicted with the rehearsed fine-tuning step and committed before it is measured:
+#: models and layer kinds no LoRA or QLoRA row has measured (GPT-NeoX's fused query-key-value,
+#: GPT-2's Conv1D, an encoder, TinyLlama's four key/value heads, LLaMA-3-8B's 128k vocabulary).
+ADAPTERS_HELD_OUT = [
+    case("qwen05b", "lora", 16, 1024), case("pythia1b", "lora", 8, 1024), case("gpt2", "lora", 16, 1024),
+    case("bertlarge", "lora", 32, 512), case("llama1b", "qlora", 8, 2048), case("llama1b", "qlora", 8, 2048, kbit=True),
+    case("llama3_8b", "qlora", 2, 2048, kbit=True), case("mistral7b", "qlora", 4, 2048, kbit=True),
+]
 SETS = {"first": CASES, "held-out": HELD_OUT, "fresh": FRESH, "confirm": CONFIRM, "diagnose": DIAGNOSE,
-        "quantized": QUANTIZED, "eager": EAGER}
+        "quantized": QUANTIZED, "eager": EAGER, "adapters": ADAPTERS, "adapters-held-out": ADAPTERS_HELD_OUT}
 
 
 def make_batch(model: str, batch: int, tokens: int | None, device: str | torch.device) -> tuple[tuple, torch.Tensor]:
@@ -309,7 +325,8 @@ def predict(cases: list[dict], gpu_id: str, shrink: bool = False) -> dict:
     traced: dict[tuple, Any] = {}
     out = []
     for c in cases:
-        key = (c["model"], c["traced"] if c["mode"] != "serve" else None)
+        finetune = c["mode"] if c["mode"] in ("lora", "qlora") else None  # the step itself rehearsed too
+        key = (c["model"], c["traced"] if c["mode"] != "serve" else None, finetune)
         if key not in traced:
             label, factory, kind, _, on_meta = MODELS[c["model"]]
             factory = SHRUNK.get(c["model"], factory) if shrink else factory
@@ -320,11 +337,11 @@ def predict(cases: list[dict], gpu_id: str, shrink: bool = False) -> dict:
                 model = factory()
             inputs, _ = make_batch(c["model"], 1, tokens, "meta" if on_meta else "cpu")
             try:
-                graph = trace_model(model, inputs)
+                graph = trace_model(model, inputs, finetune=finetune)
             except NeedsValuesError:  # as the command line's --device auto: on the CPU instead
                 torch.manual_seed(0)
                 model = factory()
-                graph = trace_model(model, make_batch(c["model"], 1, tokens, "cpu")[0])
+                graph = trace_model(model, make_batch(c["model"], 1, tokens, "cpu")[0], finetune=finetune)
             traced[key] = graph
             print(f"traced {label} at {tokens or '224px'} in {time.perf_counter() - start:.1f} s", flush=True)
             del model
@@ -343,6 +360,11 @@ def predict(cases: list[dict], gpu_id: str, shrink: bool = False) -> dict:
         else:
             step = tuning(a, blocks, c["mode"], DEFAULT_RANK)
             setup = footprint(step.states, step.acts, "single", 1, c["checkpoint"], step.others)
+            row["activations"] = step.activations_source
+            if c.get("kbit") and step.kbit is not None and not c["checkpoint"]:
+                # the card's line on prepare_model_for_kbit_training (plan.finetune.kbit)
+                setup = footprint(step.kbit[0], step.kbit[1], "single", 1)
+                row["activations"] = "rehearsed (kbit)"
             phase = setup.at(c["batch"])
             if c["mode"] == "full" and not c["checkpoint"]:  # the phases of one GPU's full step
                 phases: dict[str, float] = {}

@@ -53,6 +53,7 @@ def trace_target(
     progress: Any = None,
     note: Optional[Callable[[str], None]] = None,
     training_step: bool = True,
+    finetune: str | None = None,
 ) -> tuple[dict, str]:
     """Load ``target``, make seeded random inputs from ``specs`` and trace one forward pass.
 
@@ -64,7 +65,7 @@ def trace_target(
     traced where its tensors are.
     Every build starts from the random state the import left (seed 0 before the import).
     ``note`` is called with each line worth telling the user (the fallback to the CPU);
-    ``training_step`` as :func:`~neurarch_trace.tracer.trace_model`'s.
+    ``training_step`` and ``finetune`` as :func:`~neurarch_trace.tracer.trace_model`'s.
 
     Returns ``(graph, model_name)``. Raises the errors of :func:`open_target`,
     :func:`make_inputs` and :func:`trace_model` (``TargetError``, ``InputSpecError``,
@@ -82,7 +83,8 @@ def trace_target(
         rng = torch.get_rng_state()
         description = f"Traced by neurarch-trace from {target} with {describe_inputs(specs, default_dtype)}."
         settings = dict(default_dtype=default_dtype, name=name or opened.name, depth=depth,
-                        description=description, progress=progress, training_step=training_step)
+                        description=description, progress=progress, training_step=training_step,
+                        finetune=finetune)
         if device == "auto" and weights:
             device = "cpu"
         with sympy_left_unimported():
@@ -235,13 +237,14 @@ def trace_module(
     description: str | None = None,
     progress: Any = None,
     training_step: bool = True,
+    finetune: str | None = None,
 ) -> dict:
     """Trace an already-built ``model`` on random inputs made from ``specs`` (see :mod:`inputs`);
-    ``training_step`` as :func:`~neurarch_trace.tracer.trace_model`'s."""
+    ``training_step`` and ``finetune`` as :func:`~neurarch_trace.tracer.trace_model`'s."""
     args, kwargs = make_inputs(list(specs), model, default_dtype=default_dtype, device=device)
     if progress is not None:
         progress.step("tracing")
     return trace_model(
         model, args, kwargs=kwargs, name=name, depth=depth, description=description, progress=progress,
-        training_step=training_step,
+        training_step=training_step, finetune=finetune,
     )

@@ -228,6 +228,7 @@ def _trace_command(args: argparse.Namespace) -> int:
             progress=progress,
             note=notes.append,
             training_step=trace.training_step,
+            finetune=trace.finetune,
         )
     for line in notes:
         say(f"note: {line}")

@@ -135,6 +135,8 @@ class TraceChoices:
     weights: bool = False
     hf_class: Optional[str] = None  # as given; None: not given
     training_step: bool = True
+    #: ``--finetune``, a plan option the trace reads too: ``lora``/``qlora`` also rehearse that step
+    finetune: Optional[str] = None
     verbose: bool = False
 
     @classmethod
@@ -151,6 +153,7 @@ class TraceChoices:
             weights=bool(getattr(args, "weights", False)),
             hf_class=getattr(args, "hf_class", None),
             training_step=bool(getattr(args, "training_step", True)),
+            finetune=getattr(args, "finetune", None),
             verbose=bool(getattr(args, "verbose", False)),
         )
 

@@ -1062,6 +1062,9 @@ def test_plan_options_reach_the_service_and_request_plan_takes_them(
     r = magic(shell, "hf:ckpt --plan --finetune lora --seq-len 32 --context 48 --gpu H100x2 --no-save")
     assert r.error is None and "| Fine-tune       LoRA" in r.card
     assert r.plan["finetune"]["mode"] == "lora" and r.plan["cost"]["seqLen"] == 32
+    # --finetune reaches the trace too: the LoRA step itself was rehearsed, as the command line's
+    assert set(r.graph["measured"]["training"]["adapters"]) == {"rank", "layers", "lora"}
+    assert r.plan["finetune"]["activations"] == "rehearsed"
     assert (r.plan["fit"]["requestedGpu"], r.plan["fit"]["gpus"]) == ("H100", 2)
     assert r.plan["serve"]["context"] == 48
     assert r.plan_options == {"seq_len": 32, "attention": None, "finetune": "lora", "context": 48, "gpu": "H100x2",

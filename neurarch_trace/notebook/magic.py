@@ -283,7 +283,7 @@ def _trace_target(text: str, trace: TraceChoices, scope: _Scope) -> tuple:
         graph, _ = trace_target(
             text, specs, default_dtype=parse_dtype(trace.dtype_name()), name=trace.name, depth=trace.depth,
             device=device, weights=trace.weights, hf_class=trace.hf_class_name, quiet=not trace.verbose,
-            training_step=trace.training_step, note=_say_note)
+            training_step=trace.training_step, finetune=trace.finetune, note=_say_note)
         return graph, trace_source(text, list(scope.inputs))
     device = "cpu" if device == "auto" else device  # notebook data holds real values: a real model
     loaded = load_target(text, device=device, weights=trace.weights, hf_class=trace.hf_class_name,
@@ -352,7 +352,8 @@ def _trace_model(model: Any, text: str, trace: TraceChoices, scope: _Scope, *, n
     if described:
         description = f"Traced by neurarch-trace from {text} with " + " ".join(f"--input {t}" for t in spec_texts)
     graph = _guard(lambda: trace_model(model, tuple(fwd_args), kwargs=fwd_kwargs, name=name, depth=trace.depth,
-                                       description=description, training_step=trace.training_step))
+                                       description=description, training_step=trace.training_step,
+                                       finetune=trace.finetune))
     return graph, trace_source(text, spec_texts)
 
 

@@ -275,6 +275,19 @@ QLORA_RECIPE = ("non-4-bit weights sized in 16 bits; prepare_model_for_kbit_trai
                 "measured 1.3x to 1.6x the peak")
 
 
+def _qlora_recipe(finetune: Mapping[str, Any]) -> List[str]:
+    """The lines on the two QLoRA recipes: the other one's rehearsed peak on the card's setup
+    (``plan.finetune.kbit``), else :data:`QLORA_RECIPE`."""
+    kbit = finetune.get("kbit")
+    if not kbit:
+        return [QLORA_RECIPE]
+    setup = f"{kbit['gpus']}x {kbit['gpu']}" if kbit["gpus"] > 1 else str(kbit["gpu"])
+    over = f", over its {kbit['memoryGb']:g} GB" if kbit["peakGb"] > kbit["memoryGb"] else ""
+    return ["non-4-bit weights sized in 16 bits (get_peft_model over the 4-bit load)",
+            f"prepare_model_for_kbit_training (TRL) makes them float32: {units.gb(kbit['peakGb'] * 1e9)} peak on "
+            f"{setup} at batch {kbit['batch']}{over} (rehearsed)"]
+
+
 def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
     if not finetune or finetune.get("asked", "full") == "full":
         return []
@@ -282,11 +295,15 @@ def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
         return _row("Fine-tune", finetune["note"])
     name = "QLoRA" if finetune["mode"] == "qlora" else "LoRA"
     base = "NF4 base" if finetune["mode"] == "qlora" else "16-bit base"
-    more = [QLORA_RECIPE] if finetune["mode"] == "qlora" else []
+    more = _qlora_recipe(finetune) if finetune["mode"] == "qlora" else []
     return _row("Fine-tune", f"{name} r={finetune['rank']}: {units.count(finetune['trainableParams'])} trainable "
                              f"params ({finetune['trainablePercent']:.2f}%)",
                 f"adapters on {finetune['adaptedLayers']} linear layers, {base} "
-                f"{units.gb(finetune['baseGb'] * 1e9)}", *more)
+                f"{units.gb(finetune['baseGb'] * 1e9)}{_STEP.get(finetune.get('activations'), '')}", *more)
+
+
+#: How the Fine-tune row says where its activations come from (``plan.finetune.activations``).
+_STEP = {"rehearsed": ", the step rehearsed as PEFT runs it"}
 
 
 def _setup(option: Mapping[str, Any]) -> str:

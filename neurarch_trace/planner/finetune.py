@@ -22,9 +22,14 @@ runs in 16 bits: each quantised layer is dequantised to a 16-bit copy for its ma
 time. The optimizer states are paged (bitsandbytes' paged AdamW moves them to host memory only
 under memory pressure), so they are counted on the GPU.
 
-Activations are those of full training (every layer's output is still kept for the backward
-through the frozen base: the adapters' ``A`` reads each adapted layer's input), plus each adapter's
-``r``-wide intermediate.
+Activations are those of the step itself where the trace rehearsed it (``measured.training.adapters``,
+:mod:`neurarch_trace.rehearsal.adapters`: PEFT's and bitsandbytes' own code paths, tensor for tensor;
+within 1% of an H200's peak on LLaMA-7B), with checkpointing still sized from full training's.
+Without that measurement they are estimated from full training's (every layer's output is still
+kept for the backward through the frozen base: the adapters' ``A`` reads each adapted layer's
+input), scaled to a 16-bit base, plus each adapter's ``r``-wide intermediate. For QLoRA the
+rehearsal also sizes PEFT's ``prepare_model_for_kbit_training`` recipe (TRL's), whose float32
+residual stream the card reports beside the 16-bit one it fits (``Tuning.kbit``).
 
 Training FLOPs per sample, with ``F`` the forward FLOPs and ``A`` the adapters' forward FLOPs
 (``2 x r x (in + out)`` per row of each adapted layer)::
@@ -42,7 +47,7 @@ LoRA training over full fine-tuning on GPT-3 175B.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from neurarch_trace.contract import Graph, Node, numel
 from neurarch_trace.planner.analysis import Analysis
@@ -124,6 +129,12 @@ class Tuning:
     #: the step's other phases (a measured step peaks in the optimizer step at a small batch and in
     #: the backward at a large one): ``(states, acts)`` each, sized like ``states`` and ``acts``
     others: tuple[Phase, ...] = ()
+    #: ``"rehearsed"`` when the activations come from the LoRA/QLoRA step itself, rehearsed as PEFT
+    #: runs it (``measured.training.adapters``), else ``"estimated"`` from full training's
+    activations_source: str = "estimated"
+    #: QLoRA after PEFT's ``prepare_model_for_kbit_training`` (the non-4-bit weights in float32),
+    #: rehearsed: its states and activations without checkpointing; ``None`` when not rehearsed
+    kbit: Phase | None = None
 
     @property
     def applied(self) -> bool:
@@ -291,9 +302,19 @@ def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_
         gather=blocks.largest_layer_params * FROZEN_BYTES, extra=largest_q * WEIGHT16_BYTES,
     )
     f = a.flops_per_sample
+    acts = _activations(a, blocks, adapter_acts, half_base=True)
+    rehearsed = a.memory.adapter_bytes.get(mode)
+    if rehearsed is not None:  # the step itself: checkpointing still sized from full training's
+        acts = Activations(rehearsed, None if acts.checkpointed is None else min(acts.checkpointed, rehearsed))
+    kbit = None
+    kbit_bytes = a.memory.adapter_bytes.get("qloraKbit") if mode == "qlora" else None
+    if kbit_bytes is not None:  # every parameter left in 16 bits made float32
+        kbit = (replace(states, weights=states.weights + (c.params - quantized) * (MASTER_WEIGHT_BYTES - FROZEN_BYTES)),
+                Activations(kbit_bytes, None))
     return Tuning(
-        mode, mode, rank, states, _activations(a, blocks, adapter_acts, half_base=True),
+        mode, mode, rank, states, acts,
         FROZEN_BACKWARD_FACTOR * f + BACKWARD_FACTOR * adapter_flops,
         (FROZEN_BACKWARD_FACTOR + 1) * f + (BACKWARD_FACTOR + 1) * adapter_flops,
         trainable, adapted, quantized, base,
+        activations_source="rehearsed" if rehearsed is not None else "estimated", kbit=kbit,
     )

@@ -167,6 +167,10 @@ class MemoryModel:
     #: (``measured.training.attention.eagerBackwardBytesPerSample``, sized for the planned length),
     #: counted in the backward phase's ``backward`` transients; 0 unless ``--attention eager``
     eager_backward_bytes: float = 0.0
+    #: bytes per sample of the peak of each LoRA/QLoRA step rehearsed as PEFT and bitsandbytes run
+    #: it (``measured.training.adapters``: ``lora``, ``qlora``, ``qloraKbit``), sized for the
+    #: planned length and attention; absent when not rehearsed
+    adapter_bytes: Mapping[str, float] = field(default_factory=dict)
 
     def peak(self, batch: int) -> PhasePeak:
         """The phase peak that is largest at ``batch``."""
@@ -296,17 +300,46 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
             p.phase, p.state, {**p.per_sample, "backward": p.per_sample.get("backward", 0.0) + eager_backward})
             for p in phases]
     kv = (_positive_bytes(training, "kvCacheBytesPerSample") or 0.0) * work.scale
+    kv_dropped = 0.0
     if training.get("useCache") is False and kv:
+        kv_dropped = kv
         # traced with a KV cache its config turns off (a meta build needs one): the step the model
-        # runs holds none, so each phase's activations are without it
-        phases = [p if p.phase == "setup" else PhasePeak(
-            p.phase, p.state, {**p.per_sample, "activations": max(0.0, p.per_sample.get("activations", 0.0) - kv)})
-            for p in phases if p is not None]
+        # runs holds none, so each phase's activations are without it; until the backward has freed
+        # them, the cache tensors autograd saved too (a value the attention kernel keeps as it is)
+        # are held without the cache as well: kept through the backward, where the step peaks
+        # before it frees them (a later, smaller backward peak is then over by at most their bytes)
+        shared = min(kv, (_positive_bytes(training, "kvCacheSavedBytesPerSample") or 0.0) * work.scale)
+
+        def without_cache(p: PhasePeak) -> PhasePeak:
+            dropped = kv - shared if p.phase in ("forward", "loss", "backward") else kv
+            return PhasePeak(p.phase, p.state,
+                             {**p.per_sample, "activations": max(0.0, p.per_sample.get("activations", 0.0) - dropped)})
+
+        phases = [p if p.phase == "setup" else without_cache(p) for p in phases if p is not None]
         kv = 0.0
     calls = (measured_int(att, "sdpaCalls") or 0) if attention == "eager" and any(eager) else 0
+    scores = max((p.per_sample.get("attentionScores", 0.0) for p in phases if p is not None), default=0.0)
+    adapters = _adapter_bytes(training, work.scale, scores + eager_backward, kv_dropped)
     return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls,
                        half_weights_ratio=_half_weights_ratio(training, peaks), kv_cache_bytes=kv,
-                       eager_backward_bytes=eager_backward), ""
+                       eager_backward_bytes=eager_backward, adapter_bytes=adapters), ""
+
+
+def _adapter_bytes(training: Mapping[str, Any], scale: float, eager: float, kv_dropped: float) -> dict[str, float]:
+    """``measured.training.adapters``' bytes per sample of each recipe, rescaled to the planned
+    length (linearly, as the step's activations), plus ``eager`` (eager attention's score matrices
+    and one call's backward, where the plan asks for eager attention and the trace ran SDPA) less
+    ``kv_dropped`` (a KV cache the model's config turns off); malformed entries are left out."""
+    adapters = training.get("adapters")
+    if not isinstance(adapters, dict):
+        return {}
+    found: dict[str, float] = {}
+    for name in ("lora", "qlora", "qloraKbit"):
+        entry = adapters.get(name)
+        per_sample = _positive_bytes(entry, "perSampleBytes") if isinstance(entry, dict) else None
+        if per_sample is not None:
+            found[name] = max(0.0, per_sample * scale + eager - kv_dropped)
+    return found
 
 
 def _half_weights_ratio(training: Mapping[str, Any], peaks: list) -> float | None:

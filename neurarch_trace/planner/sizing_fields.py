@@ -18,7 +18,7 @@ from neurarch_trace.planner.gpus import gpu_table
 from neurarch_trace.planner.memory import FRAMEWORK_ALLOWANCE_BYTES
 from neurarch_trace.planner.serve import Serve
 from neurarch_trace.planner.sizing import Sizing
-from neurarch_trace.planner.strategy import Setup, strategy_text
+from neurarch_trace.planner.strategy import Setup, footprint, strategy_text
 from neurarch_trace.text import plural
 
 __all__ = ["cost_fields", "finetune_fields", "fit_fields", "serve_fields"]
@@ -157,6 +157,18 @@ def cost_fields(a: Analysis, s: Sizing, attention: str | None, legacy_assumption
     }
 
 
+def _kbit(s: Sizing) -> dict[str, Any] | None:
+    """``plan.finetune.kbit``: the peak of the card's QLoRA setup after PEFT's
+    ``prepare_model_for_kbit_training``, at the card's batch per GPU, where that step was rehearsed
+    and the setup runs without checkpointing (the rehearsal runs none); else ``None``."""
+    kbit, choice = s.tuning.kbit, s.choice
+    if kbit is None or choice is None or choice.setup.checkpoint:
+        return None
+    setup = footprint(kbit[0], kbit[1], choice.setup.strategy, choice.setup.gpus)
+    return {"peakGb": setup.peak_bytes(choice.batch) / 1e9, "batch": choice.batch, "gpus": choice.setup.gpus,
+            "gpu": choice.gpu.id, "memoryGb": choice.gpu.memory_gb}
+
+
 def finetune_fields(a: Analysis, s: Sizing) -> dict[str, Any]:
     """``plan.finetune``: ``{mode, rank, trainableParams}`` and how they were found."""
     t = s.tuning
@@ -172,6 +184,8 @@ def finetune_fields(a: Analysis, s: Sizing) -> dict[str, Any]:
         "quantizedParams": t.quantized_params,
         "baseGb": t.base_bytes / 1e9 if t.mode != "full" else None,
         "flopsPerSample": t.flops,
+        "activations": t.activations_source if t.mode != "full" else None,
+        "kbit": _kbit(s) if t.mode == "qlora" else None,
         "note": t.note,
     }
 

@@ -36,6 +36,7 @@ from torch import nn
 import neurarch_trace.walk as walk
 from neurarch_trace.lazy_dynamo import compiled_code_run_eagerly, dynamo_left_unimported
 from neurarch_trace.lazy_sympy import sympy_left_unimported
+from neurarch_trace.rehearsal.adapters import RANK, RECIPES, adapted_layers
 from neurarch_trace.rehearsal.attention import eager_backward_bytes, eager_extra_bytes
 from neurarch_trace.rehearsal.fit import combine
 from neurarch_trace.rehearsal.step import InputPlan, Rehearsal, RehearsalError, Run
@@ -94,7 +95,34 @@ def _half_weights(model: nn.Module, plan: InputPlan, batch: int, tokens: int | N
     return round(max(point[activations] for point in run.points) / batch, 3) if run.points else None
 
 
-def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
+def _peak(run: Run) -> int:
+    return max((sum(point) for point in run.points), default=0)
+
+
+def _adapter_steps(model: nn.Module, plan: InputPlan, batch: int, tokens: int | None,
+                   finetune: str) -> dict[str, Any] | None:
+    """``measured.training.adapters``: the recipes of :mod:`.adapters` that ``finetune`` plans
+    (``lora``; ``qlora`` and ``qloraKbit``), each rehearsed at
+    ``batch`` and ``2 x batch`` samples (at the traced length), and the bytes its peak grows by per
+    sample; a recipe that cannot be rehearsed is left out. ``None`` for a model PEFT's
+    ``all-linear`` does not adapt (not a transformers ``PreTrainedModel``, no linear layer)."""
+    if not adapted_layers(model):
+        return None
+    steps: dict[str, Any] = {}
+    for recipe in RECIPES:
+        if (recipe.name == "lora") != (finetune == "lora"):
+            continue
+        try:
+            rehearsal = Rehearsal(model, plan, recipe=recipe)
+            one = rehearsal.run(batch, tokens, layers=False)
+            two = rehearsal.run(2 * batch, tokens, layers=False)
+        except Exception:  # noqa: BLE001 - the plan sizes that recipe from full training instead
+            continue
+        steps[recipe.name] = {"perSampleBytes": round(max(0, _peak(two) - _peak(one)) / batch, 3)}
+    return {"rank": RANK, "layers": len(adapted_layers(model)), **steps} if steps else None
+
+
+def _rehearse(model: nn.Module, plan: InputPlan, finetune: str | None = None) -> dict[str, Any]:
     """Runs at two batch sizes (and, for a token model, at half the length too), fitted. The
     smaller batch is at least 2: PyTorch treats a dimension of size 1 as contiguous whatever its
     stride, so a batch of 1 can skip a copy that every larger batch makes."""
@@ -112,8 +140,13 @@ def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
     half = _half_weights(model, plan, 2 * small, tokens)
     if half is not None:
         measured["halfWeightsActivationBytesPerSample"] = half
+    adapters = _adapter_steps(model, plan, small, tokens, finetune) if finetune in ("lora", "qlora") else None
+    if adapters is not None:
+        measured["adapters"] = adapters
     if first.cache_bytes:
         measured["kvCacheBytesPerSample"] = round(first.cache_bytes / first.batch, 3)
+        if first.cache_saved_bytes:
+            measured["kvCacheSavedBytesPerSample"] = round(first.cache_saved_bytes / first.batch, 3)
     measured["attention"] = _attention(first)
     measured["loss"] = first.loss
     if rehearsal.upcast:
@@ -124,12 +157,14 @@ def _rehearse(model: nn.Module, plan: InputPlan) -> dict[str, Any]:
 
 
 def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None = None, *,
-                           batch_size: int, scalars: list | None = None) -> dict[str, Any]:
+                           batch_size: int, scalars: list | None = None,
+                           finetune: str | None = None) -> dict[str, Any]:
     """Rehearse one training step of ``model`` called as ``model(*args, **kwargs)`` (the traced
     inputs; ``batch_size`` is their batch size) and return plain dicts. ``scalars`` are the tensor
     values the traced forward read into Python, in order (``.item()``, ``if mask.all():``): meta
     tensors have none, so the rehearsed forward is given the same answers, provided it asks as many
-    questions (transformers' check for packed sequences is one):
+    questions (transformers' check for packed sequences is one). ``finetune`` (``"lora"``,
+    ``"qlora"``) also rehearses that step (``measured.training.adapters``, :mod:`.adapters`):
 
     * ``"measured"``: the ``measured.training`` object of ``docs/measured.md`` (bytes, at the traced
       batch size where a field is not per sample), or ``{"error": "<one line>"}`` when the step
@@ -152,7 +187,7 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), dynamo_left_unimported(), \
                 sympy_left_unimported(), compiled_code_run_eagerly(), torch.jit.optimized_execution(False):
             warnings.simplefilter("ignore")
-            return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars))
+            return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars), finetune)
     except RehearsalError as exc:
         return {"measured": {"error": str(exc)}, "savedBytes": {}}
     except Exception as exc:  # noqa: BLE001 - the trace stands; the plan falls back to its formula

@@ -52,16 +52,19 @@ class FusedAttention:
             self._record(query, key, value, attn_mask, dropout_p, "math")
             return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                   is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-        if enable_gqa and key.shape[-3] != query.shape[-3]:
-            groups = query.shape[-3] // key.shape[-3]
-            key = key.repeat_interleave(groups, dim=-3)
-            value = value.repeat_interleave(groups, dim=-3)
         half = query.dtype in (torch.float16, torch.bfloat16)
         same_dims = query.shape[-1] == key.shape[-1] == value.shape[-1] <= FLASH_MAX_HEAD_DIM
         if attn_mask is None and half and same_dims:
+            # FlashAttention-2 takes fewer key/value heads than query heads as they are (its
+            # ``num_heads_k``; Dao 2023, "FlashAttention-2", section 3): grouped-query attention
+            # keeps the key and value heads unrepeated, and their gradients are their own size
             self._record(query, key, value, None, dropout_p, "flash")
             return _aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
                                                              scale=scale)[0]
+        if enable_gqa and key.shape[-3] != query.shape[-3]:  # the other kernels take them repeated
+            groups = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(groups, dim=-3)
+            value = value.repeat_interleave(groups, dim=-3)
         bias = None
         if attn_mask is not None:
             bias = attn_mask

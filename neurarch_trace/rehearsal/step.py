@@ -20,6 +20,7 @@ Nothing is computed: meta tensors have shapes and dtypes, no values.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
@@ -30,6 +31,7 @@ from torch.utils import _pytree as pytree
 
 import neurarch_trace.walk as walk
 from neurarch_trace.flops import op_flops
+from neurarch_trace.rehearsal.adapters import Recipe, adapted_layers, adapter_weights, adapters_installed
 from neurarch_trace.rehearsal.attention import FusedAttention
 from neurarch_trace.rehearsal.metacache import MetaCache
 from neurarch_trace.rehearsal.policy import CudaAutocast
@@ -65,6 +67,9 @@ class Run:
     loss: dict[str, Any]
     #: bytes of the key/value cache the forward returned (``past_key_values``; 0 when none)
     cache_bytes: int = 0
+    #: the part of ``cache_bytes`` autograd saved for backward too (a value tensor the attention
+    #: kernel saves as it is), which a step without the cache keeps through the forward as well
+    cache_saved_bytes: int = 0
 
 
 class InputPlan:
@@ -139,11 +144,13 @@ def _output_tensors(obj: Any, depth: int = 0) -> list[torch.Tensor]:
     return [t for value in values for t in _output_tensors(value, depth + 1)]
 
 
-def _cache_bytes(output: Any) -> int:
+def _cache_bytes(output: Any, saved: set | None = None) -> int:
     """Bytes of the tensors under a transformers output's ``cache`` (``past_key_values`` before
     transformers 5.2x; a ``Cache`` object's layers, or the legacy tuples), each storage once: the KV
     cache a forward with ``use_cache`` returns, which transformers turns off in training with
-    gradient checkpointing. Model outputs are mappings (``ModelOutput`` is an ``OrderedDict``)."""
+    gradient checkpointing. Model outputs are mappings (``ModelOutput`` is an ``OrderedDict``).
+    Storages in ``saved`` (ids of what autograd saved for backward) are left out: a value the
+    attention kernel saves as it is stays alive without the cache too."""
     if not isinstance(output, Mapping):
         return 0
     keys = output.keys()  # ``name in output`` of a deprecated name makes transformers 5.2x warn
@@ -153,7 +160,8 @@ def _cache_bytes(output: Any) -> int:
     def visit(obj: Any, depth: int) -> None:
         if isinstance(obj, torch.Tensor):
             storage = obj.untyped_storage()
-            seen[id(storage)] = storage.nbytes()  # the same storage object for every view of it
+            if saved is None or id(storage) not in saved:
+                seen[id(storage)] = storage.nbytes()  # the same storage object for every view of it
             return
         if depth > 4 or obj is None or isinstance(obj, (str, bytes, int, float, bool, torch.dtype, torch.device)):
             return
@@ -355,25 +363,47 @@ class Rehearsal:
     one rehearsal; :meth:`run` rehearses one step at a batch size and sequence length."""
 
     def __init__(self, model: nn.Module, plan: InputPlan, dtype: torch.dtype = torch.bfloat16,
-                 half_weights: bool = False) -> None:
+                 half_weights: bool = False, recipe: Recipe | None = None) -> None:
         """``half_weights``: the parameters and floating buffers in ``dtype`` (the model as loaded
-        with ``torch_dtype=bfloat16``, as a LoRA base is), none upcast to float32 masters."""
+        with ``torch_dtype=bfloat16``, as a LoRA base is), none upcast to float32 masters.
+        ``recipe``: a LoRA or QLoRA step (:mod:`.adapters`) over that 16-bit base, frozen: the
+        adapters train; a quantized recipe stores the adapted layers' weights packed in 4 bits,
+        and ``kbit`` casts every other parameter to float32."""
         self.model, self.plan, self.dtype = model, plan, dtype
-        half = dtype if half_weights else None
+        half = dtype if half_weights or recipe is not None else None
         named = list(walk.named_parameters(model))
-        self.params = {n: _meta_copy(p, p.requires_grad, half) for n, p in named}
+        self.params = {n: _meta_copy(p, p.requires_grad and recipe is None, half) for n, p in named}
         #: trainable parameters (elements) stored in 16 bits and rehearsed as float32 master weights
-        self.upcast = 0 if half_weights else sum(p.numel() for n, p in named if self.params[n].dtype != p.dtype)
+        self.upcast = 0 if half is not None else sum(p.numel() for n, p in named if self.params[n].dtype != p.dtype)
         self.buffers = {n: _meta_copy(b, False, half) for n, b in walk.named_buffers(model)}
+        self.recipe = recipe
+        self.adapted = adapted_layers(model) if recipe is not None else []
+        self.adapters = adapter_weights(self.adapted)
+        if recipe is not None:
+            self._frozen_base(recipe)
         self.tensors = _every_slot(model, {**self.params, **self.buffers})
-        self.trainable = [p for p in self.params.values() if p.requires_grad]
+        self.trainable = [p for p in self.params.values() if p.requires_grad] + [t for ab in self.adapters for t in ab]
         self.stepped = list(self.trainable)  # the parameters AdamW steps: those that get a gradient
         self.adamw = _ProxyAdamW(self.stepped)
         self.cache = MetaCache()
 
+    def _frozen_base(self, recipe: Recipe) -> None:
+        """The base of ``recipe``: the adapted layers' weights packed in 4 bits (two NF4 values a
+        byte; their quantisation constants are the plan's to count) when quantized, every other
+        floating parameter in float32 with ``kbit``."""
+        packed = {f"{layer.name}.weight" if layer.name else "weight" for layer in self.adapted}
+        for name, p in self.params.items():
+            if recipe.quantized and name in packed:
+                self.params[name] = torch.empty((p.numel() + 1) // 2, dtype=torch.uint8, device="meta")
+            elif recipe.kbit and p.is_floating_point():
+                self.params[name] = torch.empty_like(p, dtype=torch.float32)
+
     def _register(self, tracker: StorageTracker, inputs: Any) -> None:
         for p in self.params.values():
             tracker.register(p, "masterWeights" if p.requires_grad else "frozenWeights")
+        for a, b in self.adapters:
+            tracker.register(a, "masterWeights")
+            tracker.register(b, "masterWeights")
         for b in self.buffers.values():
             tracker.register(b, "buffers")
         self.adamw.register(tracker)
@@ -416,8 +446,10 @@ class Rehearsal:
         layers = _Layers(self.model, tracker)
         handles = layers.hooks() if record_layers else []
         pack = layers.pack if record_layers else _same
+        recipe = (adapters_installed(self.adapted, self.recipe, self.adapters) if self.recipe is not None
+                  else contextlib.nullcontext())
         try:
-            with tracker:
+            with tracker, recipe:
                 self._register(tracker, (args, kwargs))
                 tracker.start("forward")
                 with torch.autograd.graph.saved_tensors_hooks(pack, _same), _Autocast(self.dtype):
@@ -426,6 +458,7 @@ class Rehearsal:
                             self.model, self.tensors, args, kwargs, tie_weights=False)
                         tracker.start("loss")
                         cache_bytes = _cache_bytes(output)
+                        cache_saved = cache_bytes - _cache_bytes(output, layers.seen) if record_layers else 0
                         loss, target, loss_info = _loss(output, tracker)
                     autocast.clear_cache()
                 if tracker.scalars_read != len(self.plan.scalars):
@@ -450,5 +483,5 @@ class Rehearsal:
                 p.grad = None
         run = Run(batch=batch, tokens=tokens, points=tracker.curve(), phases=tracker.phase_of_points(),
                   saved=layers.saved, saved_total=layers.total, flops=flops[0], attention=attention, loss=loss_info,
-                  cache_bytes=cache_bytes)
+                  cache_bytes=cache_bytes, cache_saved_bytes=cache_saved)
         return run, stepped

@@ -293,6 +293,7 @@ def trace_model(
     description: Optional[str] = None,
     progress: Optional[Callable[[int], None]] = None,
     training_step: bool = True,
+    finetune: Optional[str] = None,
 ) -> dict:
     """Run one forward pass of ``model`` on ``inputs`` and return the ``.neurarch.json`` graph.
 
@@ -312,6 +313,11 @@ def trace_model(
             meta device (:mod:`neurarch_trace.rehearsal`) and record what it needs in
             ``measured.training`` and each layer's ``measured.savedBytes``; a step that cannot be
             rehearsed leaves ``measured.training.error`` and the trace stands.
+        finetune: ``"lora"`` or ``"qlora"``: with the training step, also rehearse that fine-tuning
+            step as PEFT (and bitsandbytes, for QLoRA: with and without PEFT's
+            ``prepare_model_for_kbit_training``) run it, for a transformers model
+            (``measured.training.adapters``; :mod:`neurarch_trace.rehearsal.adapters`); ``None`` or
+            ``"full"``: not.
 
     Returns:
         The graph as a dict (see ``shared/spec/neurarch-graph.md`` and ``docs/measured.md``):
@@ -320,6 +326,7 @@ def trace_model(
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, ``inputs`` has another type, or ``depth`` is
             not an int.
+        ValueError: ``finetune`` is not ``None``, ``"full"``, ``"lora"`` or ``"qlora"``.
         ValueError: no input tensor, a 0-d first input, a batch of 0 samples, or ``depth`` below 0.
         TraceError: the forward pass raised (or called ``sys.exit``); the message says how far the
             trace got and repeats the model's own complaint; the original exception is chained.
@@ -330,12 +337,7 @@ def trace_model(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    if depth is not None:  # an int, or what stands for one (numpy's): not a bool, a float or a string
-        if isinstance(depth, bool) or not hasattr(type(depth), "__index__"):
-            raise TypeError(f"depth must be an int or None, not {type(depth).__name__}")
-        depth = operator.index(depth)
-    if depth is not None and depth < 0:
-        raise ValueError(f"depth must be 0 or more, not {depth}")
+    depth = _checked_options(depth, finetune)
     model = unwrap_model(model)
     if isinstance(model, torch.jit.ScriptModule):
         model = Opaque(model)  # a scripted model refuses hooks: trace it as one opaque layer
@@ -359,12 +361,27 @@ def trace_model(
     # that re-enabling the collector sets off, which then walks the graph alone.
     with gc_paused(), dynamo_left_unimported(), sympy_left_unimported(), compiled_code_run_eagerly():
         return _traced_graph(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress,
-                             training_step, description)
+                             training_step, description, finetune)
+
+
+def _checked_options(depth: Any, finetune: Any) -> Optional[int]:
+    """``depth`` as an int (or None) once it and ``finetune`` are checked (:func:`trace_model`'s
+    TypeError and ValueError)."""
+    if depth is not None:  # an int, or what stands for one (numpy's): not a bool, a float or a string
+        if isinstance(depth, bool) or not hasattr(type(depth), "__index__"):
+            raise TypeError(f"depth must be an int or None, not {type(depth).__name__}")
+        depth = operator.index(depth)
+    if depth is not None and depth < 0:
+        raise ValueError(f"depth must be 0 or more, not {depth}")
+    if finetune not in (None, "full", "lora", "qlora"):
+        raise ValueError(f"finetune must be None, 'full', 'lora' or 'qlora', not {finetune!r}")
+    return depth
 
 
 def _traced_graph(model: nn.Module, args: tuple, call_kwargs: dict, named_inputs: List[Tuple[str, Any]],
                   tensors: List[Tuple[str, torch.Tensor]], depth: Optional[int], graph_name: str,
-                  progress: Optional[Callable[[int], None]], training_step: bool, description: Optional[str]) -> dict:
+                  progress: Optional[Callable[[int], None]], training_step: bool, description: Optional[str],
+                  finetune: Optional[str] = None) -> dict:
     """:func:`trace_model`'s work once its arguments are checked: the trace (again at full depth
     when ``depth`` cuts it), the model's warnings, the rehearsed step, the graph."""
     recording, output = _record(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress)
@@ -376,7 +393,7 @@ def _traced_graph(model: nn.Module, args: tuple, call_kwargs: dict, named_inputs
     if training_step:  # its forward rebinds what the traced one did (a counter, a cache): put back
         with state_kept(walk.Tree(model), values=False):
             step = rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
-                                          scalars=recording.scalars)
+                                          scalars=recording.scalars, finetune=finetune)
     full = None if full_recording is None else _graph(full_recording, None, step, model, named_inputs,
                                                       graph_name, description)
     return _graph(recording, full, step, model, named_inputs, graph_name, description)
