@@ -303,7 +303,8 @@ def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
 
 
 #: How the Fine-tune row says where its activations come from (``plan.finetune.activations``).
-_STEP = {"rehearsed": ", the step rehearsed as PEFT runs it"}
+_STEP = {"rehearsed": ", the step rehearsed as PEFT runs it",
+         "estimated": ", activations from full training's step"}
 
 
 def _setup(option: Mapping[str, Any]) -> str:
