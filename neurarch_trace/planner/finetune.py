@@ -207,7 +207,8 @@ def _activations(a: Analysis, blocks: Blocks, extra: float, phase: PhasePeak | N
 
     With checkpointing, every phase holds what it did less the KV cache a transformers forward
     returns with ``use_cache`` (transformers turns it off when checkpointing: "`use_cache=True` is
-    incompatible with gradient checkpointing. Setting `use_cache=False`"), less the blocks' insides
+    incompatible with gradient checkpointing. Setting `use_cache=False`"; what of it autograd saves
+    as well goes with the block that saved it), less the blocks' insides
     (each block keeps its output, the next block's input) and less eager attention's score matrices
     (``before``: the forward, the loss and the backward down to the last block, the loss's
     transients included). A backward phase also meets the recompute of one block (``during``): it
@@ -242,7 +243,7 @@ def _activations(a: Analysis, blocks: Blocks, extra: float, phase: PhasePeak | N
     boundary = (blocks.boundary_half_bytes if ratio != 1.0 else blocks.boundary_bytes) * scale
     # the phase's activations: the KV cache the output holds (transformers returns none when
     # checkpointing), then the blocks' insides, then what lies outside the blocks
-    cache = min(a.memory.kv_cache_bytes * ratio, held)
+    cache = min((a.memory.kv_cache_bytes - a.memory.kv_cache_saved_bytes) * ratio, held)
     rest = held - cache
     before = plain - cache - max(0.0, min(rest, block_bytes) - boundary) - scores
     if phase.phase != "backward":

@@ -160,6 +160,9 @@ class MemoryModel:
     #: step holds until its output is freed (``measured.training.kvCacheBytesPerSample``, sized for
     #: the planned length); transformers turns the cache off with gradient checkpointing
     kv_cache_bytes: float = 0.0
+    #: the part of ``kv_cache_bytes`` autograd saves too (``kvCacheSavedBytesPerSample``: a value the
+    #: attention kernel keeps as it is), which checkpointing frees with the block, not with the cache
+    kv_cache_saved_bytes: float = 0.0
     #: the attention calls whose eager score matrices ``attentionScores`` holds (measured SDPA calls,
     #: or attention-typed layers when estimated); 0 when it holds none
     attention_calls: int = 0
@@ -300,6 +303,7 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
             p.phase, p.state, {**p.per_sample, "backward": p.per_sample.get("backward", 0.0) + eager_backward})
             for p in phases]
     kv = (_positive_bytes(training, "kvCacheBytesPerSample") or 0.0) * work.scale
+    kv_saved = min(kv, (_positive_bytes(training, "kvCacheSavedBytesPerSample") or 0.0) * work.scale)
     kv_dropped = 0.0
     if training.get("useCache") is False and kv:
         kv_dropped = kv
@@ -308,20 +312,19 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
         # them, the cache tensors autograd saved too (a value the attention kernel keeps as it is)
         # are held without the cache as well: kept through the backward, where the step peaks
         # before it frees them (a later, smaller backward peak is then over by at most their bytes)
-        shared = min(kv, (_positive_bytes(training, "kvCacheSavedBytesPerSample") or 0.0) * work.scale)
-
         def without_cache(p: PhasePeak) -> PhasePeak:
-            dropped = kv - shared if p.phase in ("forward", "loss", "backward") else kv
+            dropped = kv - kv_saved if p.phase in ("forward", "loss", "backward") else kv
             return PhasePeak(p.phase, p.state,
                              {**p.per_sample, "activations": max(0.0, p.per_sample.get("activations", 0.0) - dropped)})
 
         phases = [p if p.phase == "setup" else without_cache(p) for p in phases if p is not None]
-        kv = 0.0
+        kv = kv_saved = 0.0
     calls = (measured_int(att, "sdpaCalls") or 0) if attention == "eager" and any(eager) else 0
     scores = max((p.per_sample.get("attentionScores", 0.0) for p in phases if p is not None), default=0.0)
     adapters = _adapter_bytes(training, work.scale, scores + eager_backward, kv_dropped)
     return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls,
                        half_weights_ratio=_half_weights_ratio(training, peaks), kv_cache_bytes=kv,
+                       kv_cache_saved_bytes=kv_saved,
                        eager_backward_bytes=eager_backward, adapter_bytes=adapters), ""
 
 
