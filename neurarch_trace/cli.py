@@ -248,7 +248,11 @@ def _trace_command(args: argparse.Namespace) -> int:
         progress.clear()
         counts = f"{plural(layer_count(graph), 'layer')}, {plural(len(graph['connections']), 'connection')}"
         print(f"wrote {path} ({counts})", file=sys.stderr, flush=True)
-    return plan_cli.run_plan(args, graph, path, target=args.target, inputs=input_texts, base=base)
+    try:
+        return plan_cli.run_plan(args, graph, path, target=args.target, inputs=input_texts, base=base)
+    except KeyboardInterrupt:  # the graph is written: say where, as a failed plan does
+        where = f"the graph is still at {path}" if path is not None else "the graph went to stdout"
+        raise NeurarchError(f"interrupted while planning; {where}") from None
 
 
 _COMMANDS = {

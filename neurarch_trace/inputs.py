@@ -134,8 +134,11 @@ def make_inputs(
     *,
     default_dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    meta_hint: bool = True,
 ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """Random tensors for ``specs``: ``(positional, keyword)``, made under a fixed seed.
+    ``meta_hint``: a tensor too large for memory suggests ``--device meta`` (not for a live model,
+    which is never moved).
 
     Raises:
         InputSpecError: a positional spec after a keyword one, a keyword given twice, or a tensor
@@ -156,7 +159,7 @@ def make_inputs(
         if str(device) == "meta":  # no values, no memory: shapes and dtypes are all a meta trace needs
             tensor = torch.empty(spec.shape, dtype=dtype, device="meta")
         else:
-            tensor = _allocated(spec, dtype, high, generator, device)
+            tensor = _allocated(spec, dtype, high, generator, device, meta_hint)
         if spec.name is None:
             args.append(tensor)
         else:
@@ -172,17 +175,18 @@ def memory_bytes() -> int | None:
         return None
 
 
-def _too_large(spec: InputSpec, dtype: torch.dtype, need: int, have: int | None) -> InputSpecError:
+def _too_large(spec: InputSpec, dtype: torch.dtype, need: int, have: int | None, meta_hint: bool) -> InputSpecError:
     shown = f"{shape_text(list(spec.shape))} {str(dtype).replace('torch.', '')}"
     room = f"more than this machine's {gb(have)} of memory" if have else "more than this machine can allocate"
+    meta = ", or trace shapes only with --device meta" if meta_hint else ""
     return InputSpecError(
         f"--input {spec.text!r}: a {shown} tensor takes {gb(need)}, {room}; give a smaller shape "
-        "(batch first, e.g. 1,3,224,224), or trace shapes only with --device meta"
+        f"(batch first, e.g. 1,3,224,224){meta}"
     )
 
 
 def _allocated(spec: InputSpec, dtype: torch.dtype, high: int, gen: torch.Generator, device: str | torch.device,
-               ) -> torch.Tensor:
+               meta_hint: bool = True) -> torch.Tensor:
     """The random tensor of ``spec``, or an :class:`InputSpecError` when it cannot be allocated."""
     numel = 1
     for d in spec.shape:
@@ -190,14 +194,14 @@ def _allocated(spec: InputSpec, dtype: torch.dtype, high: int, gen: torch.Genera
     need = numel * torch.empty((), dtype=dtype).element_size()
     have = memory_bytes()
     if have is not None and need > have:
-        raise _too_large(spec, dtype, need, have)
+        raise _too_large(spec, dtype, need, have, meta_hint)
     is_mask = bool(spec.name and "mask" in spec.name.lower())
     try:
         tensor = _random(spec.shape, dtype, high, gen, is_mask=is_mask)
     except (MemoryError, RuntimeError) as exc:
         if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
             raise
-        raise _too_large(spec, dtype, need, have) from exc
+        raise _too_large(spec, dtype, need, have, meta_hint) from exc
     return tensor.to(device) if str(device) != "cpu" else tensor
 
 

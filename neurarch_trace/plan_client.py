@@ -68,7 +68,12 @@ DEFAULT_API = "https://www.neurarch.com"
 """The hosted service. The ``www.`` matters: the apex domain redirects and drops ``Authorization``."""
 
 DEFAULT_TIMEOUT = 30.0
-"""Seconds allowed to connect, and to wait for each piece of the answer (``requests`` semantics)."""
+"""Seconds allowed to connect, to wait for each piece of the answer (``requests`` semantics), and
+for the whole body once its headers came."""
+
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+"""The largest answer read (bytes): a card and its plan are tens of kilobytes; a service that sends
+more (or without end) is refused rather than read into memory."""
 
 PLAN_PATH = "/api/v1/plan"
 #: The request's ``attention`` values (``plan-api.md``).
@@ -406,16 +411,17 @@ def _graph_dict(graph: Any, what: str) -> dict:
 def _post(
     url: str, payload: bytes, headers: dict, *, host: str, timeout: float
 ) -> requests.Response:
-    """The one boundary where ``requests`` exceptions become :class:`PlanError` subclasses.
+    """The one boundary where ``requests`` exceptions become :class:`PlanError` subclasses (with
+    :func:`_read_body`, which reads the answer's body into the response returned).
 
     ``requests`` is imported here, on the first plan, not with this module: the command line reads
     these options on every run, and a trace that plans nothing never pays for the HTTP stack."""
     import requests
 
     try:
-        # Not streamed: the whole body is read inside this call, so a stall in it lands here too.
-        return requests.post(
-            url, data=payload, headers=headers, timeout=timeout, allow_redirects=False
+        # Streamed: the body is read by _read_body, within a size and a time limit.
+        response = requests.post(
+            url, data=payload, headers=headers, timeout=timeout, allow_redirects=False, stream=True
         )
     except requests.exceptions.ConnectTimeout as exc:  # before ConnectionError: it is both
         raise PlanTimeoutError(
@@ -436,6 +442,51 @@ def _post(
         raise PlanConnectionError(
             f"the request to the plan service at {host} failed: {reason}", host=host, reason=reason
         ) from exc
+    _read_body(response, host=host, timeout=timeout)
+    return response
+
+
+def _read_body(response: requests.Response, *, host: str, timeout: float) -> None:
+    """Read the answer's body into ``response`` (``.content``, ``.text``, ``.json()`` then work as
+    for an unstreamed one): at most :data:`MAX_ANSWER_BYTES`, within ``timeout`` seconds in all.
+
+    Raises:
+        PlanResponseError: the body is larger than :data:`MAX_ANSWER_BYTES`.
+        PlanTimeoutError: the body took longer than ``timeout`` seconds, or stalled.
+        PlanConnectionError: the connection broke inside the body.
+    """
+    import time
+
+    import requests
+    from urllib3.exceptions import HTTPError
+
+    deadline = time.monotonic() + timeout
+    body = bytearray()
+    raw = response.raw
+    # urllib3 2's read1 returns what has come (a dribbling body meets the deadline between pieces);
+    # iter_content, for an older urllib3, waits for whole pieces of 64 KiB
+    chunks = (iter(lambda: raw.read1(64 * 1024, decode_content=True), b"") if hasattr(raw, "read1")
+              else response.iter_content(chunk_size=64 * 1024))
+    try:
+        for chunk in chunks:
+            body += chunk
+            if len(body) > MAX_ANSWER_BYTES:
+                raise PlanResponseError(
+                    f"the plan service at {host} sent an answer over {MAX_ANSWER_BYTES // 2 ** 20} MiB (a plan is "
+                    "tens of kilobytes); check NEURARCH_API points at a neurarch plan service",
+                    host=host, status_code=response.status_code)
+            if time.monotonic() > deadline:
+                raise _read_timeout(host, timeout)
+    except (requests.exceptions.RequestException, HTTPError, OSError) as exc:  # a stall, a reset, a cut body
+        if isinstance(exc, requests.exceptions.Timeout) or _is_read_timeout(exc):
+            raise _read_timeout(host, timeout) from exc
+        reason = "connection broken inside the answer"
+        raise PlanConnectionError(f"the connection to the plan service at {host} broke before the whole answer "
+                                  "came; try again", host=host, reason=reason) from exc
+    finally:
+        response.close()
+    response._content = bytes(body)  # what requests itself sets when it reads a body
+    response._content_consumed = True
 
 
 def _read_timeout(host: str, timeout: float) -> PlanTimeoutError:

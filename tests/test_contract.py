@@ -297,3 +297,32 @@ def test_a_gzip_graph_reads_as_the_graph_and_bad_bytes_are_one_sentence(tmp_path
     with pytest.raises(GraphError) as info:
         read_graph(latin)
     assert str(info.value) == f"graph file {latin} is not UTF-8 text (byte 13 is 0xe9): a .neurarch.json graph is JSON"
+
+
+def test_a_file_larger_than_any_graph_is_not_read_into_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a new-user pass: `neurarch-trace plan /dev/zero` read 24 GB before the kernel killed it
+    import gzip as gzip_module
+
+    import neurarch_trace.contract.files as files
+
+    assert files.MAX_GRAPH_BYTES == 256 * 2 ** 20
+    monkeypatch.setattr(files, "MAX_GRAPH_BYTES", 2 ** 20)  # the same checks at 1 MiB, in a fraction of the time
+    message = (r"holds more than 1 MiB, more than any \.neurarch\.json graph \(a 10,000-layer graph is 7 MB\): "
+               r"give the file the trace wrote")
+    if Path("/dev/zero").exists():
+        with pytest.raises(GraphError, match="graph file /dev/zero " + message):
+            read_graph("/dev/zero")
+    big = tmp_path / "big.neurarch.json"
+    big.write_bytes(b" " * (2 ** 20 + 1))
+    with pytest.raises(GraphError, match=message):
+        read_graph(big)
+    # a gzip file that decompresses past the limit (3 MiB of spaces in a few KB) is cut short too
+    bomb = tmp_path / "bomb.neurarch.json.gz"
+    with gzip_module.open(bomb, "wb") as fh:
+        fh.write(b" " * 3 * 2 ** 20)
+    assert bomb.stat().st_size < 2 ** 16
+    with pytest.raises(GraphError, match=message):
+        read_graph(bomb)
+    big.write_bytes(b" " * 2 ** 20)  # at the limit: read, and refused for what it is
+    with pytest.raises(GraphError, match="is not JSON"):
+        read_graph(big)

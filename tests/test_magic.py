@@ -583,6 +583,17 @@ def test_saved_bytes_column_and_measured_memory_show_when_the_graph_has_them(she
     assert "Saved for backward / sample" in html and ">768 B</td>" in html  # 3x8x8 floats per sample
     assert "Training memory" in html and "12.3 MB" in html and "backward" in html
     assert "peak bytes 12.3 MB" in str(r) and "state bytes params 4.0 KB" in str(r)
+    # the phase peaks item by item, not as Python dicts; empty objects are no row; the batch named
+    # (a new-user pass: a 1,500-character line of dict repr, and "nothing sent" on a share page)
+    r.graph["measured"]["training"] = {"peakPhase": "forward", "attention": {}, "peaks": [
+        {"phase": "forward", "perSampleBytes": {"activations": 2000}},
+        {"phase": "optimizer", "stateBytes": {"gradients": 4000}}]}
+    html, text = r._repr_html_(), str(r)
+    assert ("peaks phase forward · per sample bytes activations 2.0 KB | "
+            "phase optimizer · state bytes gradients 4.0 KB") in text
+    assert "{" not in text.split("training memory")[1] and "attention" not in text.split("training memory")[1]
+    assert f"rehearsed by the trace at batch {r.graph['measured']['batchSize']} (the card sizes its own batch)" in html
+    assert "nothing sent" not in html
 
 
 def test_printing_a_result_imports_no_planner_and_no_widget() -> None:
@@ -1135,3 +1146,12 @@ def test_huggingface_notebook_plans_an_hf_folder() -> None:
     assert "--plan" in source
     texts = "".join("".join(o.get("data", {}).get("text/plain", "")) for o in cells[0]["outputs"])
     assert "| Runs" in texts and "+-----" in texts
+
+
+def test_an_input_too_large_for_a_live_model_suggests_no_meta_device(shell: InteractiveShell, capsys) -> None:
+    # a new-user pass: the hint "or trace shapes only with --device meta" was then refused, since a
+    # live model is never moved
+    message = usage_error(shell, "model --input 100000000000,3,8,8 --no-save", capsys)
+    assert message.startswith("--input '100000000000,3,8,8': a 100000000000x3x8x8 float32 tensor takes ")
+    assert message.endswith("give a smaller shape (batch first, e.g. 1,3,224,224)")
+    assert "--device meta" not in message

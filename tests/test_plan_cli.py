@@ -577,3 +577,27 @@ def test_seq_len_without_plan_is_refused_before_tracing(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr == "neurarch-trace: --seq-len needs --plan or --share: it sizes the plan\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_planning_says_where_the_graph_is(tmp_path: Path, listening_socket) -> None:
+    # a new-user pass: Ctrl-C while waiting for the plan said "nothing was written" after "wrote ..."
+    import signal
+    import time
+
+    (tmp_path / "tiny.py").write_text(TINY_MODEL)
+    env = {k: v for k, v in os.environ.items() if k not in ("NEURARCH_API", "NEURARCH_API_KEY")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["NEURARCH_API"] = url_of(listening_socket)
+    proc = subprocess.Popen([sys.executable, "-m", "neurarch_trace", "tiny.py:Tiny", "--input", "1,4", "-o",
+                             "t.neurarch.json", "--plan"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # until the plan is on its way (the service never answers)
+        lines.append(line)
+        if line.startswith("Sending the graph"):
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(60) == 1
+    assert rest.splitlines()[-1] == "neurarch-trace: interrupted while planning; the graph is still at t.neurarch.json"
+    assert json.loads((tmp_path / "t.neurarch.json").read_text())["name"] == "Tiny"

@@ -384,3 +384,86 @@ def test_a_bad_port_or_host_is_a_plan_error(api: str, fault: str) -> None:
         f"the plan service address {api!r} {fault}; "
         "set NEURARCH_API to one such as https://www.neurarch.com, or unset it"
     )
+
+
+class _RawAnswer:
+    """A one-connection server on loopback that reads the request and answers with ``send(conn)``."""
+
+    def __init__(self, send) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+        def serve() -> None:
+            conn, _ = self.sock.accept()
+            try:
+                conn.recv(1 << 20)  # the request (small)
+                send(conn)
+            except OSError:
+                pass  # the client went away
+            finally:
+                conn.close()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(10)
+
+
+_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+
+
+def test_an_answer_without_end_is_refused_past_its_size_limit() -> None:
+    # a service that sends forever (a new-user pass: 10.5 GB read in 50 s): refused past 32 MiB
+    def endless(conn) -> None:
+        conn.sendall(_HEAD + b"\r\n" + b'{"text": "')
+        while True:
+            conn.sendall(b"x" * (1 << 20))
+
+    server = _RawAnswer(endless)
+    try:
+        with pytest.raises(PlanResponseError, match=r"sent an answer over 32 MiB \(a plan is tens of kilobytes\)"):
+            request_plan(small_graph(), api=server.url)
+    finally:
+        server.close()
+
+
+def test_a_dribbling_answer_meets_the_timeout_for_the_whole_body() -> None:
+    import time
+
+    # one byte every 0.2 s of a 1,000-byte body: each piece comes within the timeout, the whole never
+    def dribble(conn) -> None:
+        conn.sendall(_HEAD + b"Content-Length: 1000\r\n\r\n")
+        for _ in range(1000):
+            conn.sendall(b" ")
+            time.sleep(0.2)
+
+    server = _RawAnswer(dribble)
+    start = time.monotonic()
+    try:
+        with pytest.raises(PlanTimeoutError, match="did not answer within 1 seconds"):
+            request_plan(small_graph(), api=server.url, timeout=1)
+    finally:
+        server.close()
+    assert time.monotonic() - start < 30  # a bound against a hang, not a timing assertion
+
+
+def test_an_answer_cut_short_is_one_line_naming_the_broken_connection() -> None:
+    def cut(conn) -> None:
+        conn.sendall(_HEAD + b"Content-Length: 1000\r\n\r\n" + b'{"text": "')
+
+    server = _RawAnswer(cut)
+    try:
+        with pytest.raises(PlanConnectionError) as info:
+            request_plan(small_graph(), api=server.url)
+    finally:
+        server.close()
+    assert_one_line(info.value)
+    assert str(info.value) == (f"the connection to the plan service at {server.url.removeprefix('http://')} broke "
+                               "before the whole answer came; try again")

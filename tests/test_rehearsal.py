@@ -597,3 +597,16 @@ def test_grouped_query_attention_keeps_its_key_and_value_heads_unrepeated_in_fla
     saved, k, v = saved_by(masked, attn_mask=torch.ones(64, 64, dtype=torch.bool, device="meta"), enable_gqa=True)
     assert masked.kernels() == {"efficient": 1}
     assert len([t for t in saved if t.dim() == 4 and t.shape[1] == 8 and t.shape[-1] == 16]) == 4  # q, k, v, out
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_a_trace_under_no_grad_or_inference_mode_still_rehearses_the_step(mode) -> None:
+    # a new-user pass: a notebook cell under torch.no_grad() lost the step, told "no output of the
+    # model depends on a trainable parameter"
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    expected = trace_model(model, torch.randn(2, 4))["measured"]["training"]
+    with mode():
+        training = trace_model(model, torch.randn(2, 4))["measured"]["training"]
+    assert "error" not in training
+    assert training["peaks"] == expected["peaks"]
+    assert torch.is_grad_enabled()  # the caller's mode is back after the block

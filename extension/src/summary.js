@@ -30,7 +30,8 @@ const words = (key) => key.replace(/([a-z0-9])([A-Z])/g, "$1 $2").toLowerCase();
 /** A value as text; numbers under a key ending in "Bytes" (or nested in one) are bytes, "Flops" FLOPs. */
 function valueText(key, value, unit = key) {
   if (typeof value === "number") return /bytes$/i.test(unit) ? bytes(value) : /flops$/i.test(unit) ? flops(value) : count(value);
-  if (Array.isArray(value)) return value.join(", ");
+  // a list of objects (the phase peaks) item by item, as the objects themselves
+  if (Array.isArray(value)) return value.map((v) => valueText(key, v, unit)).join(value.some((v) => v && typeof v === "object") ? " | " : ", ");
   if (value && typeof value === "object") {
     return Object.entries(value).map(([k, v]) => `${words(k)} ${valueText(k, v, /(bytes|flops)$/i.test(k) ? k : unit)}`).join(" · ");
   }
@@ -42,9 +43,10 @@ function valueText(key, value, unit = key) {
 export function memoryElement(model) {
   const training = model.measured.training;
   if (!training || typeof training !== "object") return null;
-  const rows = Object.entries(training).filter(([, v]) => v !== null && v !== undefined);
+  const empty = (v) => v === null || v === undefined || (typeof v === "object" && Object.keys(v).length === 0);
+  const rows = Object.entries(training).filter(([, v]) => !empty(v));
   if (!rows.length) return null;
   return h("div", { class: "nt-memory" },
-    h("div", { class: "nt-memory-title" }, h("b", { text: "Training memory" }), h("span", { class: "nt-muted", text: " measured by the trace on this machine; nothing sent" })),
+    h("div", { class: "nt-memory-title" }, h("b", { text: "Training memory" }), h("span", { class: "nt-muted", text: ` rehearsed by the trace at batch ${typeof model.measured.batchSize === "number" ? model.measured.batchSize : "?"} (the card sizes its own batch)` })),
     h("dl", {}, ...rows.flatMap(([k, v]) => [h("dt", { text: words(k) }), h("dd", { text: valueText(k, v) })])));
 }

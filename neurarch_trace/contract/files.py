@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import io
 import json
 import os
 import stat
@@ -26,6 +27,11 @@ __all__ = ["check_output_path", "default_graph_path", "dumps_graph", "named_grap
 #: The file name ending of a graph.
 SUFFIX = ".neurarch.json"
 
+#: The largest graph read, in bytes (decompressed): a 10,000-layer graph is 7 MB, and the reference
+#: plan service takes request bodies of 16 MiB at most. A larger file is not read into memory (a
+#: checkpoint given by mistake, ``/dev/zero``).
+MAX_GRAPH_BYTES = 256 * 1024 * 1024
+
 
 def read_graph(path: str | os.PathLike[str], *, strict: bool = False) -> dict:
     """Read a ``.neurarch.json`` file.
@@ -37,25 +43,30 @@ def read_graph(path: str | os.PathLike[str], *, strict: bool = False) -> dict:
     file (``model.neurarch.json.gz``, known by its magic bytes) is read through ``gzip``.
 
     Raises:
-        GraphError: the file is missing or unreadable, is not UTF-8 JSON (or a damaged gzip file),
-            or is not a graph.
+        GraphError: the file is missing or unreadable, larger than :data:`MAX_GRAPH_BYTES` (read no
+            further), is not UTF-8 JSON (or a damaged gzip file), or is not a graph.
     """
     p = os.fspath(path)
     try:
         with open(p, "rb") as fh:
-            data = fh.read()
+            data = fh.read(MAX_GRAPH_BYTES + 1)
     except FileNotFoundError:
         raise GraphError(f"graph file {p} does not exist") from None
     except IsADirectoryError:
         raise GraphError(f"graph file {p} is a directory, not a .neurarch.json file") from None
     except OSError as exc:
         raise GraphError(f"cannot read graph file {p}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_GRAPH_BYTES:
+        raise _too_large(p)
     if data[:2] == _GZIP_MAGIC:
         try:
-            data = gzip.decompress(data)
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as unzipped:
+                data = unzipped.read(MAX_GRAPH_BYTES + 1)
         except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
             raise GraphError(f"graph file {p} is gzip-compressed but cannot be decompressed ({exc}); "
                              "compress it again or give the .neurarch.json itself") from exc
+        if len(data) > MAX_GRAPH_BYTES:
+            raise _too_large(p)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -71,6 +82,11 @@ def read_graph(path: str | os.PathLike[str], *, strict: bool = False) -> dict:
     if fault is not None:
         raise GraphError(f"graph file {p} is not a .neurarch.json graph: {fault.file_sentences[0]}")
     return graph
+
+
+def _too_large(path: str) -> GraphError:
+    return GraphError(f"graph file {path} holds more than {MAX_GRAPH_BYTES // 2 ** 20} MiB, more than any "
+                      ".neurarch.json graph (a 10,000-layer graph is 7 MB): give the file the trace wrote")
 
 
 #: The first two bytes of a gzip file (RFC 1952, section 2.3.1).

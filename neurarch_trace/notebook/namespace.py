@@ -127,7 +127,8 @@ def resolve_inputs(
 
     entries, specs = _entries(texts, namespace, namespace if global_ns is None else global_ns)
     device = _model_device(model)
-    spec_args, spec_kwargs = make_inputs(specs, model, default_dtype=default_dtype or torch.float32, device=device)
+    spec_args, spec_kwargs = make_inputs(specs, model, default_dtype=default_dtype or torch.float32, device=device,
+                                         meta_hint=False)  # a live model is never moved to meta
     spec_args = list(spec_args)
     out = _Arguments()
     for kind, payload, kw, text in entries:

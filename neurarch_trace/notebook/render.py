@@ -189,8 +189,9 @@ def _value_text(key: str, value: Any, unit: str = "") -> str:
         if unit.lower().endswith("bytes"):
             return byte_size(value)
         return flops(value) if unit.lower().endswith("flops") else count(value)
-    if isinstance(value, list):
-        return ", ".join(str(v) for v in value)
+    if isinstance(value, list):  # a list of objects (the phase peaks) item by item, as the objects themselves
+        glue = " | " if any(isinstance(v, dict) for v in value) else ", "
+        return glue.join(_value_text(key, v, unit) for v in value)
     if isinstance(value, dict):
         return " · ".join(f"{_words(k)} {_value_text(k, v, unit)}" for k, v in value.items())
     return str(value)
@@ -202,7 +203,7 @@ def memory_rows(graph: dict) -> list[tuple[str, str]]:
     training = (graph.get("measured") or {}).get("training")
     if not isinstance(training, dict):
         return []
-    return [(_words(k), _value_text(k, v)) for k, v in training.items() if v is not None]
+    return [(_words(k), _value_text(k, v)) for k, v in training.items() if v is not None and v != {} and v != []]
 
 
 # ----------------------------------------------------------------------------------- text
@@ -304,8 +305,10 @@ def _memory_html(graph: dict) -> str:
         return ""
     items = "".join(f'<tr><td style="{_MUTED} padding-right: 10px;">{escape(k)}</td><td>{escape(v)}</td></tr>'
                     for k, v in rows)
-    return (f'<div class="neurarch-memory"><b>Training memory</b> <span style="{_MUTED}">measured by the trace '
-            f"on this machine; nothing sent</span><table>{items}</table></div>")
+    batch = (graph.get("measured") or {}).get("batchSize")
+    batch = batch if isinstance(batch, int) else "?"
+    return (f'<div class="neurarch-memory"><b>Training memory</b> <span style="{_MUTED}">rehearsed by the trace at '
+            f"batch {batch} (the card sizes its own batch)</span><table>{items}</table></div>")
 
 
 def _row_html(row: dict, saved: bool) -> str:

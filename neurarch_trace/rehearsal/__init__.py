@@ -183,9 +183,11 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
         walk.set_training(model, True)
         # the user's random stream is left where it was; the trace already told the model's warnings;
         # a TorchScript part runs its graph as written: its executor optimises the graph after a few
-        # calls, which would make the first trace's step differ from the next ones'
+        # calls, which would make the first trace's step differ from the next ones'; a training
+        # step has autograd on, whatever grad mode the caller traces under (no_grad, inference_mode)
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), dynamo_left_unimported(), \
-                sympy_left_unimported(), compiled_code_run_eagerly(), torch.jit.optimized_execution(False):
+                sympy_left_unimported(), compiled_code_run_eagerly(), torch.jit.optimized_execution(False), \
+                torch.inference_mode(False), torch.enable_grad():
             warnings.simplefilter("ignore")
             return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars), finetune)
     except RehearsalError as exc:
