@@ -152,7 +152,7 @@ def test_the_plan_sizes_qlora_from_the_rehearsed_step(qlora_graph: dict) -> None
     # without the rehearsed step the plan estimates from full training, as before
     bare = copy.deepcopy(qlora_graph)
     del bare["measured"]["training"]["adapters"]
-    assert make_plan(bare, finetune="qlora", gpu="T4")["plan"]["finetune"]["activations"] == "estimated"
+    assert make_plan(bare, finetune="qlora", gpu="T4")["plan"]["finetune"]["activations"] == "full training"
     assert make_plan(bare, finetune="qlora", gpu="T4")["plan"]["finetune"]["kbit"] is None
 
 
@@ -167,7 +167,54 @@ def test_the_card_gives_the_kbit_recipes_peak_on_its_setup(qlora_graph: dict) ->
     extra = (params - quantized) * 2 + fit["batch"] * (adapters["qloraKbit"]["perSampleBytes"]
                                                         - adapters["qlora"]["perSampleBytes"])
     assert kbit["peakGb"] == pytest.approx(fit["peakGb"] + extra / 1e9, rel=1e-9)
-    text = out["text"]
-    assert "prepare_model_for_kbit_training (TRL) makes them" in text and "(rehearsed)" in text
+    text = " ".join(line.strip("| ").strip() for line in out["text"].splitlines())
+    assert "prepare_model_for_kbit_training (PEFT) makes them" in text and "(rehearsed, no checkpointing)" in text
     assert "the step rehearsed as PEFT runs it" in text
+    # "over" by the fit's own rule, the peak times the headroom against the card's memory
+    assert kbit["needGb"] == pytest.approx(kbit["peakGb"] * 1.15, rel=1e-12)
+    assert ("over its" in text) == (kbit["needGb"] > kbit["memoryGb"])
     assert math.isfinite(kbit["peakGb"])
+
+
+def test_where_the_activations_come_from_is_said_for_each_setup(qlora_graph: dict) -> None:
+    # a new-user pass: a checkpointed plan said "rehearsed", and a graph without a step "full training"
+    plan = make_plan(qlora_graph, finetune="qlora", gpu="T4", seq_len=TOKENS)["plan"]
+    assert plan["fit"]["checkpointing"] is False and plan["finetune"]["activations"] == "rehearsed"
+    long = make_plan(qlora_graph, finetune="qlora", gpu="T4", seq_len=65536)
+    if long["plan"]["fit"]["checkpointing"]:
+        assert long["plan"]["finetune"]["activations"] == "rehearsed, checkpointing from full training"
+        assert "its checkpointing sized from full training's" in " ".join(
+            line.strip("| ").strip() for line in long["text"].splitlines())
+    bare = copy.deepcopy(qlora_graph)
+    del bare["measured"]["training"]
+    assert make_plan(bare, finetune="qlora")["plan"]["finetune"]["activations"] == "layer outputs"
+    scaled = copy.deepcopy(qlora_graph)
+    del scaled["measured"]["training"]["adapters"]
+    assert make_plan(scaled, finetune="qlora")["plan"]["finetune"]["activations"] == "full training"
+
+
+class _PeftLinear(nn.Module):
+    """A linear layer as PEFT adapts it, by its names: ``base_layer`` frozen, ``lora_A``/``lora_B``."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.base_layer = nn.Linear(n, n).requires_grad_(False)
+        self.lora_A = nn.ModuleDict({"default": nn.Linear(n, 4, bias=False)})
+        self.lora_B = nn.ModuleDict({"default": nn.Linear(4, n, bias=False)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x) + self.lora_B["default"](self.lora_A["default"](x))
+
+
+def test_a_model_with_lora_adapters_already_is_planned_as_it_trains() -> None:
+    # a new-user pass: a PEFT model planned with --finetune lora got adapters on its adapters
+    model = nn.Sequential(_PeftLinear(16), nn.ReLU(), _PeftLinear(16), nn.Linear(16, 2).requires_grad_(False))
+    graph = trace_model(model, torch.randn(2, 16))
+    for mode in ("lora", "qlora"):
+        out = make_plan(graph, finetune=mode)
+        finetune = out["plan"]["finetune"]
+        assert (finetune["mode"], finetune["asked"], finetune["applied"]) == ("full", mode, False)
+        # the trainable parameters as they are: the adapters (2 x (16 x 4 + 4 x 16)) and nothing frozen
+        assert finetune["trainableParams"] == 2 * (16 * 4 + 4 * 16)
+        assert "the model already has LoRA adapters (lora_A, lora_B)" in " ".join(
+            line.strip("| ").strip() for line in out["text"].splitlines())

@@ -266,12 +266,12 @@ def _cost_rows(model: Mapping[str, Any], training: Optional[Mapping[str, Any]]) 
 
 #: Which QLoRA recipe the card sizes, and what the other one measured. ``get_peft_model`` over a
 #: model loaded with ``BitsAndBytesConfig(load_in_4bit=True)`` keeps what is not quantised in 16
-#: bits; PEFT's ``prepare_model_for_kbit_training`` (which TRL's ``SFTTrainer`` calls on a k-bit
+#: bits; PEFT's ``prepare_model_for_kbit_training`` (PEFT's QLoRA guide; TRL's ``SFTTrainer`` called it on a k-bit
 #: model) upcasts it to float32, and bitsandbytes' ``Linear4bit`` then returns float32 outputs:
 #: on an H200, its peak was 1.31x to 1.59x the 16-bit recipe's at the same batch (LLaMA-7B at 4 x
 #: 1,024 tokens 45.63 against 28.67 GB, with checkpointing at 16 x 1,024 21.41 against 16.33 GB;
 #: Mistral-7B 1.53x; Qwen2-1.5B 1.38x: ``bench/gpu_memory_check.py``, set ``quantized``, 2026-12-04).
-QLORA_RECIPE = ("non-4-bit weights sized in 16 bits; prepare_model_for_kbit_training (TRL) makes them float32: "
+QLORA_RECIPE = ("non-4-bit weights sized in 16 bits; prepare_model_for_kbit_training (PEFT) makes them float32: "
                 "measured 1.3x to 1.6x the peak")
 
 
@@ -282,10 +282,11 @@ def _qlora_recipe(finetune: Mapping[str, Any]) -> List[str]:
     if not kbit:
         return [QLORA_RECIPE]
     setup = f"{kbit['gpus']}x {kbit['gpu']}" if kbit["gpus"] > 1 else str(kbit["gpu"])
-    over = f", over its {kbit['memoryGb']:g} GB" if kbit["peakGb"] > kbit["memoryGb"] else ""
+    # the fit's own rule: the peak times the headroom must fit the card's memory
+    over = f", over its {kbit['memoryGb']:g} GB" if kbit["needGb"] > kbit["memoryGb"] else ""
     return ["non-4-bit weights sized in 16 bits (get_peft_model over the 4-bit load)",
-            f"prepare_model_for_kbit_training (TRL) makes them float32: {units.gb(kbit['peakGb'] * 1e9)} peak on "
-            f"{setup} at batch {kbit['batch']}{over} (rehearsed)"]
+            f"prepare_model_for_kbit_training (PEFT) makes them float32: {units.gb(kbit['peakGb'] * 1e9)} peak on "
+            f"{setup} at batch {kbit['batch']}{over} (rehearsed, no checkpointing)"]
 
 
 def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
@@ -304,7 +305,10 @@ def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
 
 #: How the Fine-tune row says where its activations come from (``plan.finetune.activations``).
 _STEP = {"rehearsed": ", the step rehearsed as PEFT runs it",
-         "estimated": ", activations from full training's step"}
+         "rehearsed, checkpointing from full training": ", the step rehearsed as PEFT runs it, its checkpointing "
+                                                        "sized from full training's",
+         "full training": ", activations from full training's step",
+         "layer outputs": ", activations estimated from layer outputs"}
 
 
 def _setup(option: Mapping[str, Any]) -> str:

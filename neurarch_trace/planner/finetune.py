@@ -28,7 +28,7 @@ within 1% of an H200's peak on LLaMA-7B), with checkpointing still sized from fu
 Without that measurement they are estimated from full training's (every layer's output is still
 kept for the backward through the frozen base: the adapters' ``A`` reads each adapted layer's
 input), scaled to a 16-bit base, plus each adapter's ``r``-wide intermediate. For QLoRA the
-rehearsal also sizes PEFT's ``prepare_model_for_kbit_training`` recipe (TRL's), whose float32
+rehearsal also sizes PEFT's ``prepare_model_for_kbit_training`` recipe (its QLoRA guide's), whose float32
 residual stream the card reports beside the 16-bit one it fits (``Tuning.kbit``).
 
 Training FLOPs per sample, with ``F`` the forward FLOPs and ``A`` the adapters' forward FLOPs
@@ -278,10 +278,19 @@ def _state(a: Analysis, kind: str) -> float:
     return max(p.state.get(kind, 0.0) for p in a.memory.phases)
 
 
+def _has_adapters(graph: Graph) -> bool:
+    """The graph is of a model PEFT already adapted: layers named ``lora_A``/``lora_B`` (under
+    ``base_model.model.``), whose frozen base and trainable adapters the traced step holds as they are."""
+    return any(part in ("lora_A", "lora_B") for node in graph.layers for part in node.name.split("."))
+
+
 def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_RANK) -> Tuning:
     """The step of ``mode`` (``full``, ``lora`` or ``qlora``) at LoRA rank ``rank``."""
     if mode == "full":
         return _full(a, blocks, "full", None)
+    if _has_adapters(a.structure):
+        return _full(a, blocks, mode, "the model already has LoRA adapters (lora_A, lora_B): the plan trains its "
+                                      "trainable parameters as they are, as without --finetune")
     adapted = adaptable_linears(a.structure)
     if not adapted:
         name = "QLoRA" if mode == "qlora" else "LoRA"

@@ -165,8 +165,25 @@ def _kbit(s: Sizing) -> dict[str, Any] | None:
     if kbit is None or choice is None or choice.setup.checkpoint:
         return None
     setup = footprint(kbit[0], kbit[1], choice.setup.strategy, choice.setup.gpus)
-    return {"peakGb": setup.peak_bytes(choice.batch) / 1e9, "batch": choice.batch, "gpus": choice.setup.gpus,
-            "gpu": choice.gpu.id, "memoryGb": choice.gpu.memory_gb}
+    peak = setup.peak_bytes(choice.batch)
+    return {"peakGb": peak / 1e9, "needGb": peak * gpu_table().headroom / 1e9, "batch": choice.batch,
+            "gpus": choice.setup.gpus, "gpu": choice.gpu.id, "memoryGb": choice.gpu.memory_gb}
+
+
+def _activations_source(a: Analysis, s: Sizing) -> str | None:
+    """``plan.finetune.activations``: where a LoRA/QLoRA step's activations come from on the card's
+    setup: ``rehearsed`` (the step itself), ``rehearsed, checkpointing from full training`` (the
+    setup checkpoints, which the rehearsal does not), ``full training`` (scaled from full training's
+    rehearsed step) or ``layer outputs`` (no step was rehearsed); None for full training."""
+    t = s.tuning
+    if t.mode == "full":
+        return None
+    if a.memory.source != "measured":
+        return "layer outputs"
+    if t.activations_source != "rehearsed":
+        return "full training"
+    setup = s.choice.setup if s.choice is not None else (s.needs[1] if s.needs is not None else None)
+    return "rehearsed, checkpointing from full training" if setup is not None and setup.checkpoint else "rehearsed"
 
 
 def finetune_fields(a: Analysis, s: Sizing) -> dict[str, Any]:
@@ -184,7 +201,7 @@ def finetune_fields(a: Analysis, s: Sizing) -> dict[str, Any]:
         "quantizedParams": t.quantized_params,
         "baseGb": t.base_bytes / 1e9 if t.mode != "full" else None,
         "flopsPerSample": t.flops,
-        "activations": t.activations_source if t.mode != "full" else None,
+        "activations": _activations_source(a, s),
         "kbit": _kbit(s) if t.mode == "qlora" else None,
         "note": t.note,
     }

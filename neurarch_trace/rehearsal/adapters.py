@@ -24,9 +24,10 @@ does, tensor for tensor (PEFT 0.21, bitsandbytes 0.50, the versions measured on 
   weight and dequantizes again in the backward (:class:`_Dequantized`). PEFT's
   ``lora.bnb.Linear4bit.forward`` clones the base output ("defensively", as Tim Dettmers advises)
   and, under autocast, passes the input to the adapter as it is: the adapters share their input.
-* ``qloraKbit``: ``qlora`` after ``peft.prepare_model_for_kbit_training`` (which TRL's
-  ``SFTTrainer`` calls on a 4-bit model): every parameter that is not 4-bit is cast to float32, so
-  the embeddings and norms make a float32 residual stream and each 4-bit layer returns float32.
+* ``qloraKbit``: ``qlora`` after ``peft.prepare_model_for_kbit_training`` (PEFT's and transformers'
+  QLoRA guides; TRL's ``SFTTrainer`` called it before TRL 1.16): every parameter that is not 4-bit
+  is cast to float32, so the embeddings and norms make a float32 residual stream and each 4-bit
+  layer returns float32.
 
 The step is then the rehearsal's own (:class:`~neurarch_trace.rehearsal.step.Rehearsal`): bf16
 autocast, the loss, the backward, AdamW over the adapters. Checked against the same steps run on
