@@ -1155,3 +1155,12 @@ def test_an_input_too_large_for_a_live_model_suggests_no_meta_device(shell: Inte
     assert message.startswith("--input '100000000000,3,8,8': a 100000000000x3x8x8 float32 tensor takes ")
     assert message.endswith("give a smaller shape (batch first, e.g. 1,3,224,224)")
     assert "--device meta" not in message
+
+
+@pytest.mark.parametrize("line", ["--help", "-h", "model --input 1,3,8,8 -h"])
+def test_help_prints_the_options_and_traces_nothing(shell: InteractiveShell, capsys, line: str) -> None:
+    # a new-user pass: `%neurarch --help` said "the following arguments are required: TARGET"
+    assert magic(shell, line) is None
+    out = capsys.readouterr().out
+    assert out.startswith("usage: %neurarch") and "--finetune" in out and "--no-save" in out
+    assert not list(Path.cwd().glob("*.neurarch.json"))

@@ -182,8 +182,13 @@ class NeurarchMagics(Magics):
         summary, per-layer table and a button to get the plan; with --plan/--share, the card and the
         share link.
         """
+        words = split_line(line)
+        if "-h" in words or "--help" in words:  # as the command line's: the options, and nothing traced
+            # IPython formats it for its docstrings (an reST literal block): shown as a usage text
+            print("usage: " + self.neurarch.parser.format_help().removeprefix("::").lstrip())
+            return None
         try:
-            args = self.neurarch.parser.parse_args(split_line(line))
+            args = self.neurarch.parser.parse_args(words)
         except UsageError as exc:
             raise UsageError(explain_parse_error(str(exc))) from None
         verbose = bool(args.verbose)
