@@ -177,6 +177,8 @@ def test_progress_only_on_a_terminal(tmp_path):
     text = b"".join(chunks).decode()
     assert os.waitstatus_to_exitcode(status) == 0
     assert "building the model" in text and "traced 3 layers" in text
+    # the step's rehearsal is a phase of its own, after the layers (a new-user pass: a silent stall)
+    assert text.index("rehearsing the training step") > text.index("traced 3 layers")
     assert "\x1b[Kwrote p.json" in text
     assert text.rstrip().endswith("wrote p.json (5 layers, 6 connections)")
     # not a terminal: nothing but the final line
@@ -208,3 +210,23 @@ def test_meta_inputs_allocate_nothing(tmp_path, capfd):
     assert by_name(graph)["0"]["outputShape"] == [8, 6250, 6250]
     # 8 x 6250 x 6250 outputs, each 3 x 16 x 16 multiply-adds
     assert graph["measured"]["flops"] == 2 * 8 * 6250 * 6250 * 3 * 16 * 16
+
+
+def test_a_progress_callback_with_steps_hears_of_the_rehearsal() -> None:
+    calls = []
+
+    class Steps:
+        def __call__(self, layers: int) -> None:
+            calls.append(layers)
+
+        def step(self, text: str) -> None:
+            calls.append(text)
+
+    trace_model(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), torch.randn(2, 4), progress=Steps())
+    assert calls == [1, 2, 3, "rehearsing the training step"]
+    calls.clear()
+    trace_model(nn.Sequential(nn.Linear(4, 2)), torch.randn(2, 4), progress=Steps(), training_step=False)
+    assert calls == [1]
+    seen = []  # a plain callable still works: counts only
+    trace_model(nn.Sequential(nn.Linear(4, 2)), torch.randn(2, 4), progress=seen.append)
+    assert seen == [1]

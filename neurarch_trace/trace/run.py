@@ -308,7 +308,8 @@ def trace_model(
         depth: stop descending at this depth (1 = the root's children); a container cut off there
             is one node. ``None`` descends to the leaves.
         description: the top-level ``description`` (default: says what traced it and the inputs).
-        progress: called with the number of layer calls recorded so far, from the hooks.
+        progress: called with the number of layer calls recorded so far, from the hooks; its
+            ``step(text)``, if any, with ``"rehearsing the training step"`` before the step.
         training_step: after the trace, rehearse one mixed-precision AdamW training step on the
             meta device (:mod:`neurarch_trace.rehearsal`) and record what it needs in
             ``measured.training`` and each layer's ``measured.savedBytes``; a step that cannot be
@@ -391,6 +392,8 @@ def _traced_graph(model: nn.Module, args: tuple, call_kwargs: dict, named_inputs
     _warn(model, graph_name, output, recording, full_recording, call_kwargs)
     step = None
     if training_step:  # its forward rebinds what the traced one did (a counter, a cache): put back
+        if progress is not None and callable(getattr(progress, "step", None)):
+            progress.step("rehearsing the training step")  # a phase of its own, seconds on a large model
         with state_kept(walk.Tree(model), values=False):
             step = rehearse_training_step(model, args, call_kwargs, batch_size=recording.batch_size,
                                           scalars=recording.scalars, finetune=finetune)
