@@ -153,7 +153,8 @@ CONTEXT = Option(("--context",), {
     "type": _positive_int,
     "default": None,
     "metavar": "N",
-    "help": "tokens of context to size serving for (default: the model's maximum, else the traced length)",
+    "help": "tokens of context to size serving for (default: the length of a learned position table, else "
+            "--seq-len, else the traced length)",
 })
 GPU = Option(("--gpu",), {
     "type": _gpu,

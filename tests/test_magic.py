@@ -1164,3 +1164,13 @@ def test_help_prints_the_options_and_traces_nothing(shell: InteractiveShell, cap
     out = capsys.readouterr().out
     assert out.startswith("usage: %neurarch") and "--finetune" in out and "--no-save" in out
     assert not list(Path.cwd().glob("*.neurarch.json"))
+
+
+def test_an_input_expression_with_quotes_of_its_own_is_quoted_whole(shell: InteractiveShell, capsys) -> None:
+    # README: options are split as a shell splits them; a new-user pass found the old advice wrong
+    shell.user_ns["m"] = torch.nn.Linear(4, 2)
+    shell.user_ns["d"] = {"input": torch.randn(2, 4)}
+    r = magic(shell, """m --input 'input=d["input"]' --gpu 'H100' --no-save""")
+    assert r.error is None and r.graph["measured"]["batchSize"] == 2 and r.plan_options["gpu"] == "H100"
+    message = usage_error(shell, """m --input input=d["input"] --no-save""", capsys)
+    assert message.startswith("--input 'd[input]' failed: KeyError")

@@ -153,7 +153,8 @@ def make_plan(
     second graph to diff against; ``seq_len`` tokens per sample for a token model; ``attention``
     ``sdpa``, ``flash`` or ``eager``; ``finetune`` ``full`` (default), ``lora`` or ``qlora``: what
     ``plan.fit`` and ``plan.cost`` size; ``context`` tokens of context for serving (default: the
-    model's own maximum, else ``seq_len``, else the traced length); ``gpu`` ``NAME`` or ``NAMExN``: plan for that card
+    length of a learned position table, else ``seq_len``, else the traced length); ``gpu`` ``NAME``
+    or ``NAMExN``: plan for that card
     or cluster only; ``usd_per_hour`` its price per GPU-hour (needed for a card without a list
     price). Returns ``{"text": card, "plan": {...}}``. Raises :class:`GraphError` when ``graph`` or
     ``base`` is not a graph, ``ValueError`` (one sentence) for a bad option: :class:`OptionError`
