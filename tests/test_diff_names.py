@@ -88,3 +88,19 @@ def test_bert_under_a_classification_head() -> None:
     assert layers["removed"] == [] and layers["changed"] == []
     # the head: its dropout and classifier (BertModel's own pooler is under bert. in both)
     assert layers["added"] == ["dropout", "classifier"]
+
+
+def test_the_same_model_at_another_depth_is_said_to_be_so(llama_graphs) -> None:
+    # a new-user pass: full depth against --depth 1 read "62 added, 4 removed" and nothing more
+    torch.manual_seed(0)
+    ids = torch.randint(0, 1000, (1, 16))
+    model = transformers.LlamaForCausalLM(_llama_config())
+    full = trace_model(model, ids, training_step=False)
+    cut = trace_model(model, ids, depth=2, training_step=False)
+    layers = make_plan(full, base=cut)["plan"]["diff"]["layers"]
+    assert layers["depthOnly"] is True and (layers["added"] or layers["removed"])
+    text = " ".join(line.strip("| ").strip() for line in make_plan(full, base=cut)["text"].splitlines())
+    assert "(the same model at another --depth: the same layers, parameters and FLOPs at full depth)" in text
+    # another model is not: the backbone against the causal model differs in parameters
+    backbone, causal = llama_graphs
+    assert "depthOnly" not in make_plan(causal, base=backbone)["plan"]["diff"]["layers"]

@@ -405,11 +405,13 @@ def _diff_rows(diff: Mapping[str, Any]) -> List[str]:
     layers = diff["layers"]
     counted = f"{len(layers['added'])} added, {len(layers['removed'])} removed, {len(layers['changed'])} changed"
     prefixes = layers.get("prefixes")
+    more = []
     if prefixes:  # the same layers under another outer scope (a task head's model.)
         side = "new" if prefixes["new"] else "base"
-        rows += _row("Layers", counted, f"(matched by name without the {side} model's '{prefixes[side]}')")
-    else:
-        rows += _row("Layers", counted)
+        more.append(f"(matched by name without the {side} model's '{prefixes[side]}')")
+    if layers.get("depthOnly"):  # one model cut at two depths: nodes differ, the model does not
+        more.append("(the same model at another --depth: the same layers, parameters and FLOPs at full depth)")
+    rows += _row("Layers", counted, *more)
     return rows
 
 

@@ -108,7 +108,18 @@ def layer_changes(new: Graph, base: Graph) -> Dict[str, Any]:
     out: Dict[str, Any] = {"added": added, "removed": removed, "changed": changed}
     if new_prefix or base_prefix:
         out["prefixes"] = {"new": new_prefix, "base": base_prefix}
+    if (added or removed) and _same_at_full_depth(new, base):
+        out["depthOnly"] = True
     return out
+
+
+def _same_at_full_depth(new: Graph, base: Graph) -> bool:
+    """Both graphs trace the same model, cut at different ``--depth``: the same layer count at
+    full depth (``measured.layers``), parameters and FLOPs, though not the same nodes."""
+    keys = ("layers", "params", "flops")
+    a = tuple(new.measured.get(k) for k in keys)
+    b = tuple(base.measured.get(k) for k in keys)
+    return all(isinstance(x, int) and not isinstance(x, bool) for x in a) and a == b
 
 
 def _delta(base: float, new: float) -> Dict[str, float]:
