@@ -29,7 +29,7 @@ from neurarch_trace.planner.finetune import tuning
 from neurarch_trace.planner.sizing import Sizing
 from neurarch_trace.planner.strategy import footprint
 
-__all__ = ["diff", "layer_changes", "name_alignment"]
+__all__ = ["diff", "layer_changes"]
 
 
 def _signature(node: Node) -> Dict[str, Any]:
@@ -66,13 +66,13 @@ def _matches(new_names: List[str], base_names: Dict[str, Node], new_prefix: str,
     return sum(1 for name in new_names if name.startswith(new_prefix) and name[len(new_prefix):] in base)
 
 
-def name_alignment(new: Graph, base: Graph) -> Tuple[str, str]:
-    """``(new prefix, base prefix)``: the outer scope to take off each graph's layer names so that
-    they match, or ``("", "")``. The same model loaded as a bare backbone and with a task head
-    names its layers ``layers.0.mlp`` and ``model.layers.0.mlp`` (transformers' ``AutoModel`` and
-    ``AutoModelForCausalLM``; ``bert.`` for BERT's heads): the outer scope that matches the most
-    layers is taken, and only when it matches more than the names as they are."""
-    new_by_name, base_by_name = _layers_by_name(new), _layers_by_name(base)
+def _name_alignment(new_by_name: Dict[str, Node], base_by_name: Dict[str, Node]) -> Tuple[str, str]:
+    """``(new prefix, base prefix)``: the outer scope to take off the layer names of each graph
+    (:func:`_layers_by_name`) so that they match, or ``("", "")``. The same model loaded as a bare
+    backbone and with a task head names its layers ``layers.0.mlp`` and ``model.layers.0.mlp``
+    (transformers' ``AutoModel`` and ``AutoModelForCausalLM``; ``bert.`` for BERT's heads): the
+    outer scope that matches the most layers is taken, and only when it matches more than the
+    names as they are."""
     new_names = list(new_by_name)
     best, best_count = ("", ""), _matches(new_names, base_by_name, "", "")
     candidates = [(p, "") for p in _prefixes(new_names)] + [("", p) for p in _prefixes(list(base_by_name))]
@@ -87,10 +87,10 @@ def layer_changes(new: Graph, base: Graph) -> Dict[str, Any]:
     """Layers added, removed and changed (type, params or shapes), matched by name: every
     component but the ``input`` and ``output`` nodes, as the card counts layers (a new input size
     shows in the other deltas, not as two changed layers). Names are matched after
-    :func:`name_alignment`'s outer scopes are taken off, which ``prefixes`` then gives (absent when
+    :func:`_name_alignment`'s outer scopes are taken off, which ``prefixes`` then gives (absent when
     none was); each list keeps the names as its own graph has them."""
     new_by_name, base_by_name = _layers_by_name(new), _layers_by_name(base)
-    new_prefix, base_prefix = name_alignment(new, base)
+    new_prefix, base_prefix = _name_alignment(new_by_name, base_by_name)
     base_key = {name[len(base_prefix):]: name for name in base_by_name if name.startswith(base_prefix)}
     new_key = {name[len(new_prefix):]: name for name in new_by_name if name.startswith(new_prefix)}
     paired = {name: base_key[key] for key, name in new_key.items() if key in base_key}

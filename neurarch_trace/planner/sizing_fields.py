@@ -164,7 +164,7 @@ def _kbit(s: Sizing) -> dict[str, Any] | None:
     kbit, choice = s.tuning.kbit, s.choice
     if kbit is None or choice is None or choice.setup.checkpoint:
         return None
-    setup = footprint(kbit[0], kbit[1], choice.setup.strategy, choice.setup.gpus)
+    setup = footprint(*kbit, choice.setup.strategy, choice.setup.gpus)
     peak = setup.peak_bytes(choice.batch)
     return {"peakGb": peak / 1e9, "needGb": peak * gpu_table().headroom / 1e9, "batch": choice.batch,
             "gpus": choice.setup.gpus, "gpu": choice.gpu.id, "memoryGb": choice.gpu.memory_gb}

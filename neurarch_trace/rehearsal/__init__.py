@@ -106,7 +106,8 @@ def _adapter_steps(model: nn.Module, plan: InputPlan, batch: int, tokens: int | 
     ``batch`` and ``2 x batch`` samples (at the traced length), and the bytes its peak grows by per
     sample; a recipe that cannot be rehearsed is left out. ``None`` for a model PEFT's
     ``all-linear`` does not adapt (not a transformers ``PreTrainedModel``, no linear layer)."""
-    if not adapted_layers(model):
+    layers = adapted_layers(model)
+    if not layers:
         return None
     steps: dict[str, Any] = {}
     for recipe in RECIPES:
@@ -119,7 +120,7 @@ def _adapter_steps(model: nn.Module, plan: InputPlan, batch: int, tokens: int | 
         except Exception:  # noqa: BLE001 - the plan sizes that recipe from full training instead
             continue
         steps[recipe.name] = {"perSampleBytes": round(max(0, _peak(two) - _peak(one)) / batch, 3)}
-    return {"rank": RANK, "layers": len(adapted_layers(model)), **steps} if steps else None
+    return {"rank": RANK, "layers": len(layers), **steps} if steps else None
 
 
 def _rehearse(model: nn.Module, plan: InputPlan, finetune: str | None = None) -> dict[str, Any]:
