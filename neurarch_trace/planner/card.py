@@ -286,7 +286,8 @@ def _qlora_recipe(finetune: Mapping[str, Any]) -> List[str]:
     over = f", over its {kbit['memoryGb']:g} GB" if kbit["needGb"] > kbit["memoryGb"] else ""
     return ["non-4-bit weights sized in 16 bits (get_peft_model over the 4-bit load)",
             f"prepare_model_for_kbit_training (PEFT) makes them float32: {units.gb(kbit['peakGb'] * 1e9)} peak on "
-            f"{setup} at batch {kbit['batch']}{over} (rehearsed, no checkpointing)"]
+            f"{setup} at batch {kbit['batch']}{over} "
+            f"(rehearsed, {'with' if kbit.get('checkpoint') else 'no'} checkpointing)"]
 
 
 def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
@@ -304,7 +305,7 @@ def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
 
 
 #: How the Fine-tune row says where its activations come from (``plan.finetune.activations``).
-_STEP = {"rehearsed": ", the step rehearsed as PEFT runs it",
+_STEP = {"rehearsed": ", the step rehearsed as PEFT runs it",  # checkpointed as the setup is
          "rehearsed, checkpointing from full training": ", the step rehearsed as PEFT runs it, its checkpointing "
                                                         "sized from full training's",
          "full training": ", activations from full training's step",

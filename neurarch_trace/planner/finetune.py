@@ -24,7 +24,9 @@ under memory pressure), so they are counted on the GPU.
 
 Activations are those of the step itself where the trace rehearsed it (``measured.training.adapters``,
 :mod:`neurarch_trace.rehearsal.adapters`: PEFT's and bitsandbytes' own code paths, tensor for tensor;
-within 1% of an H200's peak on LLaMA-7B), with checkpointing still sized from full training's.
+within 1% of an H200's peak on LLaMA-7B), with activation checkpointing too where the model has
+layers transformers checkpoints (``checkpointedPerSampleBytes``, :mod:`neurarch_trace.rehearsal.checkpointing`),
+else with checkpointing sized from full training's.
 Without that measurement they are estimated from full training's (every layer's output is still
 kept for the backward through the frozen base: the adapters' ``A`` reads each adapted layer's
 input), scaled to a 16-bit base, plus each adapter's ``r``-wide intermediate. For QLoRA the
@@ -130,10 +132,12 @@ class Tuning:
     #: the backward at a large one): ``(states, acts)`` each, sized like ``states`` and ``acts``
     others: tuple[Phase, ...] = ()
     #: ``"rehearsed"`` when the activations come from the LoRA/QLoRA step itself, rehearsed as PEFT
-    #: runs it (``measured.training.adapters``), else ``"estimated"`` from full training's
+    #: runs it (``measured.training.adapters``), with and without checkpointing; ``"rehearsed,
+    #: checkpointing from full training"`` when only without; else ``"estimated"`` from full training's
     activations_source: str = "estimated"
     #: QLoRA after PEFT's ``prepare_model_for_kbit_training`` (the non-4-bit weights in float32),
-    #: rehearsed: its states and activations without checkpointing; ``None`` when not rehearsed
+    #: rehearsed: its states and activations (``checkpointed`` None where checkpointing was not
+    #: rehearsed); ``None`` when not rehearsed
     kbit: Phase | None = None
 
     @property
@@ -314,17 +318,22 @@ def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_
     f = a.flops_per_sample
     acts = _activations(a, blocks, adapter_acts, half_base=True)
     rehearsed = a.memory.adapter_bytes.get(mode)
-    if rehearsed is not None:  # the step itself: checkpointing still sized from full training's
-        acts = Activations(rehearsed, None if acts.checkpointed is None else min(acts.checkpointed, rehearsed))
+    checkpointed = a.memory.adapter_checkpointed_bytes.get(mode)
+    source = "estimated"
+    if rehearsed is not None:  # the step itself, and checkpointed too where it was rehearsed so
+        source = "rehearsed" if checkpointed is not None else "rehearsed, checkpointing from full training"
+        if checkpointed is None and acts.checkpointed is not None:
+            checkpointed = min(acts.checkpointed, rehearsed)
+        acts = Activations(rehearsed, checkpointed)
     kbit = None
     kbit_bytes = a.memory.adapter_bytes.get("qloraKbit") if mode == "qlora" else None
     if kbit_bytes is not None:  # every parameter left in 16 bits made float32
         kbit = (replace(states, weights=states.weights + (c.params - quantized) * (MASTER_WEIGHT_BYTES - FROZEN_BYTES)),
-                Activations(kbit_bytes, None))
+                Activations(kbit_bytes, a.memory.adapter_checkpointed_bytes.get("qloraKbit")))
     return Tuning(
         mode, mode, rank, states, acts,
         FROZEN_BACKWARD_FACTOR * f + BACKWARD_FACTOR * adapter_flops,
         (FROZEN_BACKWARD_FACTOR + 1) * f + (BACKWARD_FACTOR + 1) * adapter_flops,
         trainable, adapted, quantized, base,
-        activations_source="rehearsed" if rehearsed is not None else "estimated", kbit=kbit,
+        activations_source=source, kbit=kbit,
     )

@@ -174,6 +174,9 @@ class MemoryModel:
     #: it (``measured.training.adapters``: ``lora``, ``qlora``, ``qloraKbit``), sized for the
     #: planned length and attention; absent when not rehearsed
     adapter_bytes: Mapping[str, float] = field(default_factory=dict)
+    #: the same steps with activation checkpointing as transformers applies it
+    #: (``checkpointedPerSampleBytes``), rehearsed where the model has layers it checkpoints
+    adapter_checkpointed_bytes: Mapping[str, float] = field(default_factory=dict)
 
     def peak(self, batch: int) -> PhasePeak:
         """The phase peak that is largest at ``batch``."""
@@ -322,24 +325,30 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
     calls = (measured_int(att, "sdpaCalls") or 0) if attention == "eager" and any(eager) else 0
     scores = max((p.per_sample.get("attentionScores", 0.0) for p in phases if p is not None), default=0.0)
     adapters = _adapter_bytes(training, work.scale, scores + eager_backward, kv_dropped)
+    # checkpointed, the cache is off already, and eager attention's scores are one call's at a time
+    per_call = scores / calls if calls else 0.0
+    checkpointed = _adapter_bytes(training, work.scale, per_call + eager_backward, 0.0, "checkpointedPerSampleBytes")
     return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls,
                        half_weights_ratio=_half_weights_ratio(training, peaks), kv_cache_bytes=kv,
                        kv_cache_saved_bytes=kv_saved,
-                       eager_backward_bytes=eager_backward, adapter_bytes=adapters), ""
+                       eager_backward_bytes=eager_backward, adapter_bytes=adapters,
+                       adapter_checkpointed_bytes=checkpointed), ""
 
 
-def _adapter_bytes(training: Mapping[str, Any], scale: float, eager: float, kv_dropped: float) -> dict[str, float]:
-    """``measured.training.adapters``' bytes per sample of each recipe, rescaled to the planned
-    length (linearly, as the step's activations), plus ``eager`` (eager attention's score matrices
-    and one call's backward, where the plan asks for eager attention and the trace ran SDPA) less
-    ``kv_dropped`` (a KV cache the model's config turns off); malformed entries are left out."""
+def _adapter_bytes(training: Mapping[str, Any], scale: float, eager: float, kv_dropped: float,
+                   key: str = "perSampleBytes") -> dict[str, float]:
+    """``measured.training.adapters``' bytes per sample of each recipe (``key``: without or with
+    activation checkpointing), rescaled to the planned length (linearly, as the step's
+    activations), plus ``eager`` (eager attention's score matrices and one call's backward, where
+    the plan asks for eager attention and the trace ran SDPA) less ``kv_dropped`` (a KV cache the
+    model's config turns off); malformed entries are left out."""
     adapters = training.get("adapters")
     if not isinstance(adapters, dict):
         return {}
     found: dict[str, float] = {}
     for name in ("lora", "qlora", "qloraKbit"):
         entry = adapters.get(name)
-        per_sample = _positive_bytes(entry, "perSampleBytes") if isinstance(entry, dict) else None
+        per_sample = _positive_bytes(entry, key) if isinstance(entry, dict) else None
         if per_sample is not None:
             found[name] = max(0.0, per_sample * scale + eager - kv_dropped)
     return found

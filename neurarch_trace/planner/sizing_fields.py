@@ -160,30 +160,32 @@ def cost_fields(a: Analysis, s: Sizing, attention: str | None, legacy_assumption
 def _kbit(s: Sizing) -> dict[str, Any] | None:
     """``plan.finetune.kbit``: the peak of the card's QLoRA setup after PEFT's
     ``prepare_model_for_kbit_training``, at the card's batch per GPU, where that step was rehearsed
-    and the setup runs without checkpointing (the rehearsal runs none); else ``None``."""
+    (with checkpointing too, when the setup checkpoints); else ``None``."""
     kbit, choice = s.tuning.kbit, s.choice
-    if kbit is None or choice is None or choice.setup.checkpoint:
+    if kbit is None or choice is None or (choice.setup.checkpoint and kbit[1].checkpointed is None):
         return None
-    setup = footprint(*kbit, choice.setup.strategy, choice.setup.gpus)
+    setup = footprint(*kbit, choice.setup.strategy, choice.setup.gpus, choice.setup.checkpoint)
     peak = setup.peak_bytes(choice.batch)
     return {"peakGb": peak / 1e9, "needGb": peak * gpu_table().headroom / 1e9, "batch": choice.batch,
-            "gpus": choice.setup.gpus, "gpu": choice.gpu.id, "memoryGb": choice.gpu.memory_gb}
+            "gpus": choice.setup.gpus, "gpu": choice.gpu.id, "memoryGb": choice.gpu.memory_gb,
+            "checkpoint": choice.setup.checkpoint}
 
 
 def _activations_source(a: Analysis, s: Sizing) -> str | None:
     """``plan.finetune.activations``: where a LoRA/QLoRA step's activations come from on the card's
-    setup: ``rehearsed`` (the step itself), ``rehearsed, checkpointing from full training`` (the
-    setup checkpoints, which the rehearsal does not), ``full training`` (scaled from full training's
-    rehearsed step) or ``layer outputs`` (no step was rehearsed); None for full training."""
+    setup: ``rehearsed`` (the step itself, checkpointed as the setup is), ``rehearsed, checkpointing
+    from full training`` (the setup checkpoints, which the rehearsal could not), ``full training``
+    (scaled from full training's rehearsed step) or ``layer outputs`` (no step was rehearsed); None
+    for full training."""
     t = s.tuning
     if t.mode == "full":
         return None
     if a.memory.source != "measured":
         return "layer outputs"
-    if t.activations_source != "rehearsed":
+    if not t.activations_source.startswith("rehearsed"):
         return "full training"
     setup = s.choice.setup if s.choice is not None else (s.needs[1] if s.needs is not None else None)
-    return "rehearsed, checkpointing from full training" if setup is not None and setup.checkpoint else "rehearsed"
+    return t.activations_source if setup is not None and setup.checkpoint else "rehearsed"
 
 
 def finetune_fields(a: Analysis, s: Sizing) -> dict[str, Any]:

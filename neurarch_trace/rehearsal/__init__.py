@@ -38,6 +38,7 @@ from neurarch_trace.lazy_dynamo import compiled_code_run_eagerly, dynamo_left_un
 from neurarch_trace.lazy_sympy import sympy_left_unimported
 from neurarch_trace.rehearsal.adapters import RANK, RECIPES, adapted_layers
 from neurarch_trace.rehearsal.attention import eager_backward_bytes, eager_extra_bytes
+from neurarch_trace.rehearsal.checkpointing import checkpointed_layers
 from neurarch_trace.rehearsal.fit import combine
 from neurarch_trace.rehearsal.step import InputPlan, Rehearsal, RehearsalError, Run
 from neurarch_trace.rehearsal.storage import KINDS
@@ -102,13 +103,16 @@ def _peak(run: Run) -> int:
 def _adapter_steps(model: nn.Module, plan: InputPlan, batch: int, tokens: int | None,
                    finetune: str) -> dict[str, Any] | None:
     """``measured.training.adapters``: the recipes of :mod:`.adapters` that ``finetune`` plans
-    (``lora``; ``qlora`` and ``qloraKbit``), each rehearsed at
-    ``batch`` and ``2 x batch`` samples (at the traced length), and the bytes its peak grows by per
-    sample; a recipe that cannot be rehearsed is left out. ``None`` for a model PEFT's
-    ``all-linear`` does not adapt (not a transformers ``PreTrainedModel``, no linear layer)."""
+    (``lora``; ``qlora`` and ``qloraKbit``), each rehearsed at ``batch`` and ``2 x batch`` samples
+    (at the traced length), and the bytes its peak grows by per sample (``perSampleBytes``); for a
+    model transformers checkpoints (:mod:`.checkpointing`), the same with activation checkpointing
+    (``checkpointedPerSampleBytes``). A recipe that cannot be rehearsed is left out. ``None`` for a
+    model PEFT's ``all-linear`` does not adapt (not a transformers ``PreTrainedModel``, no linear
+    layer)."""
     layers = adapted_layers(model)
     if not layers:
         return None
+    checkpointed = bool(checkpointed_layers(model))
     steps: dict[str, Any] = {}
     for recipe in RECIPES:
         if (recipe.name == "lora") != (finetune == "lora"):
@@ -120,6 +124,13 @@ def _adapter_steps(model: nn.Module, plan: InputPlan, batch: int, tokens: int | 
         except Exception:  # noqa: BLE001 - the plan sizes that recipe from full training instead
             continue
         steps[recipe.name] = {"perSampleBytes": round(max(0, _peak(two) - _peak(one)) / batch, 3)}
+        if checkpointed:
+            try:
+                one = rehearsal.run(batch, tokens, layers=False, checkpoint=True)
+                two = rehearsal.run(2 * batch, tokens, layers=False, checkpoint=True)
+            except Exception:  # noqa: BLE001 - the plan sizes checkpointing from full training instead
+                continue
+            steps[recipe.name]["checkpointedPerSampleBytes"] = round(max(0, _peak(two) - _peak(one)) / batch, 3)
     return {"rank": RANK, "layers": len(layers), **steps} if steps else None
 
 

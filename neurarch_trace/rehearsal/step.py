@@ -22,17 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils import _pytree as pytree
 
 import neurarch_trace.walk as walk
 from neurarch_trace.flops import op_flops
 from neurarch_trace.rehearsal.adapters import Recipe, adapted_layers, adapter_weights, adapters_installed
 from neurarch_trace.rehearsal.attention import FusedAttention
+from neurarch_trace.rehearsal.checkpointing import checkpointed_layers, checkpointing_installed
 from neurarch_trace.rehearsal.metacache import MetaCache
 from neurarch_trace.rehearsal.policy import CudaAutocast
 from neurarch_trace.rehearsal.storage import StorageTracker
@@ -340,6 +342,20 @@ class _Autocast:
         torch.set_autocast_dtype("cuda", self.was[1])
 
 
+@contextlib.contextmanager
+def _recompute(dtype: torch.dtype, tracker: StorageTracker) -> Iterator[None]:
+    """What a checkpointed layer's forward is recomputed under in the backward: the meta device and
+    the forward's autocast, a region of its own (``torch.utils.checkpoint`` enters CUDA autocast
+    afresh around the recompute, so its 16-bit weight copies are dropped when the layer is done)."""
+    autocast = CudaAutocast(sdpa=FusedAttention(), on_weight_cast=lambda t: tracker.set_kind(t, "weights16"),
+                            dtype=dtype)
+    with _Autocast(dtype), torch.device("meta"), autocast:
+        try:
+            yield
+        finally:
+            autocast.clear_cache()
+
+
 def _every_slot(model: nn.Module, copies: dict) -> dict:
     """``copies`` (meta copies by first name) under the name of every slot that holds one:
     a weight tied between two modules (GPT-2's ``lm_head.weight`` is ``wte.weight``) sits in two
@@ -417,21 +433,26 @@ class Rehearsal:
         run, _ = self._run(batch, tokens, False, False, forward_only=True)
         return run
 
-    def run(self, batch: int, tokens: int | None, *, count_flops: bool = False, layers: bool = True) -> Run:
+    def run(self, batch: int, tokens: int | None, *, count_flops: bool = False, layers: bool = True,
+            checkpoint: bool = False) -> Run:
         """One step at ``batch`` samples of ``tokens`` tokens. Raises whatever the model raises on
         the meta device, or :class:`RehearsalError`. ``layers``: record the bytes each module call
         saves for backward (``Run.saved``; module hooks cost a little). AdamW keeps no state for a parameter that never
         gets a gradient (one the loss does not depend on): when the step finds some, it is rehearsed
-        again with AdamW stepping only the others."""
-        run, stepped = self._run(batch, tokens, count_flops, layers)
+        again with AdamW stepping only the others. ``checkpoint``: with activation checkpointing as
+        transformers' ``gradient_checkpointing_enable()`` applies it (:mod:`.checkpointing`);
+        raises :class:`RehearsalError` for a model without a layer it checkpoints."""
+        if checkpoint and not checkpointed_layers(self.model):
+            raise RehearsalError("the model has no layer transformers checkpoints (GradientCheckpointingLayer)")
+        run, stepped = self._run(batch, tokens, count_flops, layers, checkpoint=checkpoint)
         if len(stepped) != len(self.stepped):
             self.stepped = stepped
             self.adamw = _ProxyAdamW(stepped)
-            run, _ = self._run(batch, tokens, count_flops, layers)
+            run, _ = self._run(batch, tokens, count_flops, layers, checkpoint=checkpoint)
         return run
 
-    def _run(self, batch: int, tokens: int | None, count_flops: bool,
-             record_layers: bool, forward_only: bool = False) -> tuple[Run, list[torch.Tensor]]:
+    def _run(self, batch: int, tokens: int | None, count_flops: bool, record_layers: bool,
+             forward_only: bool = False, checkpoint: bool = False) -> tuple[Run, list[torch.Tensor]]:
         args, kwargs = self.plan.make(batch, tokens)
         flops = [0]
 
@@ -448,14 +469,18 @@ class Rehearsal:
         pack = layers.pack if record_layers else _same
         recipe = (adapters_installed(self.adapted, self.recipe, self.adapters) if self.recipe is not None
                   else contextlib.nullcontext())
+        checkpointing = (checkpointing_installed(self.model, lambda: _recompute(self.dtype, tracker))
+                         if checkpoint else contextlib.nullcontext())
+        # the meta copies in the model's slots from the forward to the end of the backward, which
+        # recomputes checkpointed layers: torch.func.functional_call's own context, held longer
+        swapped = _reparametrize_module(self.model, self.tensors, tie_weights=False)  # each slot once (_every_slot)
         try:
-            with tracker, recipe:
+            with tracker, recipe, checkpointing, swapped:
                 self._register(tracker, (args, kwargs))
                 tracker.start("forward")
                 with torch.autograd.graph.saved_tensors_hooks(pack, _same), _Autocast(self.dtype):
                     with torch.device("meta"), autocast:
-                        output = torch.func.functional_call(  # each slot once (_every_slot)
-                            self.model, self.tensors, args, kwargs, tie_weights=False)
+                        output = self.model(*args, **kwargs)
                         tracker.start("loss")
                         cache_bytes = _cache_bytes(output)
                         cache_saved = cache_bytes - _cache_bytes(output, layers.seen) if record_layers else 0

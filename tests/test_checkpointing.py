@@ -1,0 +1,162 @@
+"""Activation checkpointing rehearsed as transformers applies it (rehearsal/checkpointing.py): the
+same memory curve as transformers' own ``gradient_checkpointing_enable()``, what a checkpointed
+layer keeps, and how the plan uses the checkpointed LoRA/QLoRA steps."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from neurarch_trace import trace_model
+from neurarch_trace.planner import make_plan
+from neurarch_trace.planner.analysis import analyse
+from neurarch_trace.planner.blocks import find_blocks
+from neurarch_trace.planner.finetune import tuning
+from neurarch_trace.planner.strategy import footprint
+from neurarch_trace.rehearsal import step as step_module
+from neurarch_trace.rehearsal.adapters import RECIPES
+from neurarch_trace.rehearsal.checkpointing import checkpointed_layers
+from neurarch_trace.rehearsal.step import InputPlan, Rehearsal, RehearsalError
+
+transformers = pytest.importorskip("transformers")
+
+HIDDEN, INTER, LAYERS, HEADS, VOCAB = 64, 160, 3, 4, 512
+BATCH, TOKENS = 2, 24
+
+
+def _llama() -> nn.Module:
+    config = transformers.LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+                                      num_attention_heads=HEADS, num_key_value_heads=2, vocab_size=VOCAB)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    return model.train()
+
+
+def _plan(scalars: list | None = None) -> InputPlan:
+    return InputPlan((torch.zeros(1, TOKENS, dtype=torch.long, device="meta"),), {}, 1, scalars)
+
+
+def _recipe(name: str):
+    return None if name == "full" else next(r for r in RECIPES if r.name == name)
+
+
+def _peak(run) -> int:
+    return max(sum(point) for point in run.points)
+
+
+def _phase_peaks(run) -> dict:
+    peaks: dict = {}
+    for point, phase in zip(run.points, run.phases):
+        peaks[phase] = max(peaks.get(phase, 0), sum(point))
+    return peaks
+
+
+def test_the_layers_checkpointed_are_transformers_own() -> None:
+    model = _llama()
+    assert checkpointed_layers(model) == list(model.model.layers)
+    # a model transformers does not checkpoint: no layer, and a checkpointed step is refused
+    plain = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    assert checkpointed_layers(plain) == []
+    with pytest.raises(RehearsalError, match="no layer transformers checkpoints"):
+        Rehearsal(plain, InputPlan((torch.zeros(2, 4, device="meta"),), {}, 2)).run(2, None, checkpoint=True)
+
+
+@pytest.mark.parametrize("recipe", ["full", "lora", "qlora", "qloraKbit"])
+def test_the_step_is_the_one_transformers_own_checkpointing_runs(recipe: str, monkeypatch) -> None:
+    # ours: each decoder layer's forward under torch.utils.checkpoint, the cache off inside it
+    ours = Rehearsal(_llama(), _plan(), recipe=_recipe(recipe)).run(BATCH, TOKENS, layers=False, checkpoint=True)
+    # theirs: transformers' gradient_checkpointing_enable() on the model, with the rehearsal's
+    # recompute context (the meta device and its autocast), and none of ours installed
+    model = _llama()
+    recompute: list = []
+
+    @contextlib.contextmanager
+    def record(model: nn.Module, make) -> object:
+        recompute.append(make)
+        yield
+
+    monkeypatch.setattr(step_module, "checkpointing_installed", record)
+    kwargs = {"use_reentrant": False, "preserve_rng_state": False,
+              "context_fn": lambda: (contextlib.nullcontext(), recompute[-1]())}
+    if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    # transformers turns the cache off for the whole model, whose causal mask then checks for packed
+    # sequences (one value read: none are packed); ours turns it off inside each layer, as
+    # transformers also does, and the mask sees the (empty) cache: the same tensors besides
+    theirs = Rehearsal(model, _plan([True]), recipe=_recipe(recipe)).run(BATCH, TOKENS, layers=False,
+                                                                          checkpoint=True)
+    # each phase's peak, to the byte
+    assert _phase_peaks(ours) == _phase_peaks(theirs)
+    plain = Rehearsal(_llama(), _plan(), recipe=_recipe(recipe)).run(BATCH, TOKENS, layers=False)
+    assert _peak(ours) < _peak(plain)
+
+
+def test_a_checkpointed_layer_saves_nothing_in_the_forward_and_the_model_is_left_as_it_was() -> None:
+    model = _llama()
+    run = Rehearsal(model, _plan(), recipe=_recipe("lora")).run(BATCH, TOKENS, checkpoint=True)
+    # torch.utils.checkpoint saves each layer's positional inputs (the bfloat16 residual stream of
+    # a 16-bit base), and nothing inside the layer
+    for i in range(LAYERS):
+        assert run.saved[f"model.layers.{i}"] == [BATCH * TOKENS * HIDDEN * 2]
+    inside = {q: calls for q, calls in run.saved.items() if q.startswith("model.layers.") and q.count(".") > 2}
+    assert inside and all(sum(calls) == 0 for calls in inside.values())
+    # outside the layers the step saves what it did: the final norm keeps its float32 input
+    plain = Rehearsal(_llama(), _plan(), recipe=_recipe("lora")).run(BATCH, TOKENS)
+    assert run.saved["model.norm"] == plain.saved["model.norm"] != [0]
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert all(not getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+@pytest.fixture(scope="module")
+def qlora_graph() -> dict:
+    model = _llama().eval()
+    return trace_model(model, torch.zeros(1, TOKENS, dtype=torch.long, device="meta"), finetune="qlora")
+
+
+def test_each_recipe_is_rehearsed_with_checkpointing_too(qlora_graph: dict) -> None:
+    adapters = qlora_graph["measured"]["training"]["adapters"]
+    for name in ("qlora", "qloraKbit"):
+        assert 0 < adapters[name]["checkpointedPerSampleBytes"] < adapters[name]["perSampleBytes"], name
+    # run again at two batches here: the growth per sample is the graph's
+    rehearsal = Rehearsal(_llama(), _plan(), recipe=_recipe("qloraKbit"))
+    one, two = (rehearsal.run(b, TOKENS, layers=False, checkpoint=True) for b in (2, 4))
+    assert adapters["qloraKbit"]["checkpointedPerSampleBytes"] == (_peak(two) - _peak(one)) / 2
+
+
+def test_the_plan_sizes_a_checkpointed_setup_from_the_checkpointed_step(qlora_graph: dict) -> None:
+    def peak(graph: dict, kbit: bool) -> float:
+        a = analyse(graph, seq_len=TOKENS)
+        step = tuning(a, find_blocks(a.structure, a.structure_counts), "qlora")
+        states, acts = step.kbit if kbit else (step.states, step.acts)
+        return footprint(states, acts, "single", 1, True).peak_bytes(8)
+
+    for name, kbit in (("qlora", False), ("qloraKbit", True)):
+        bigger = copy.deepcopy(qlora_graph)
+        bigger["measured"]["training"]["adapters"][name]["checkpointedPerSampleBytes"] += 1e6
+        # one MB more per sample with checkpointing: 8 MB more at batch 8, nothing else moves
+        assert peak(bigger, kbit) - peak(qlora_graph, kbit) == pytest.approx(8e6, rel=1e-9), name
+
+
+def test_the_card_says_a_checkpointed_setup_was_rehearsed(qlora_graph: dict) -> None:
+    # 1.1 million tokens: batch 1 fits a T4 only with checkpointing
+    out = make_plan(qlora_graph, finetune="qlora", gpu="T4", seq_len=1_100_000)
+    plan = out["plan"]
+    assert plan["fit"]["checkpointing"] is True
+    assert plan["finetune"]["activations"] == "rehearsed"
+    assert plan["finetune"]["kbit"]["checkpoint"] is True
+    text = " ".join(line.strip("| ").strip() for line in out["text"].splitlines())
+    assert "(rehearsed, with checkpointing)" in text
+    # a graph rehearsed without checkpointing (before it was): sized from full training's, and said
+    old = copy.deepcopy(qlora_graph)
+    for name in ("qlora", "qloraKbit"):
+        del old["measured"]["training"]["adapters"][name]["checkpointedPerSampleBytes"]
+    before = make_plan(old, finetune="qlora", gpu="T4", seq_len=1_100_000)["plan"]
+    assert before["fit"]["checkpointing"] is True
+    assert before["finetune"]["activations"] == "rehearsed, checkpointing from full training"
+    assert before["finetune"]["kbit"] is None
