@@ -147,7 +147,8 @@ FINETUNE = Option(("--finetune",), {
     "type": _finetune,
     "default": None,
     "metavar": "MODE",
-    "help": "what the card's fit and cost size: full training (default), lora or qlora fine-tuning",
+    "help": "what the card's fit and cost size: full training (default), lora or qlora fine-tuning; "
+            "lora and qlora also rehearse that step into the graph (without --plan too, for a later plan)",
 })
 CONTEXT = Option(("--context",), {
     "type": _positive_int,
@@ -239,8 +240,9 @@ class PlanChoices:
 
         Raises:
             NeurarchError: ``--base``, ``--fail-on-block`` or a sizing option (``--seq-len``,
-                ``--attention``, ``--finetune``, ``--context``, ``--gpu``, ``--usd-per-hour``)
-                without ``--plan``/``--share``; ``--usd-per-hour`` without ``--gpu``.
+                ``--attention``, ``--context``, ``--gpu``, ``--usd-per-hour``) without
+                ``--plan``/``--share``; ``--usd-per-hour`` without ``--gpu``. ``--finetune`` is
+                taken alone: the trace rehearses its step into the graph for a later ``plan``.
         """
         if (self.sends or later) and self.usd_per_hour is not None and self.gpu is None:
             raise NeurarchError("--usd-per-hour needs --gpu: it prices the card named there")
@@ -250,7 +252,8 @@ class PlanChoices:
             if self.base is not None:
                 raise NeurarchError("--base needs --plan or --share: it is what the plan's diff compares to")
             for flag, dest in SIZING_FLAGS:
-                if getattr(self, dest) is not None:
+                # --finetune lora|qlora also rehearses that step into the graph, for a plan made later
+                if dest != "finetune" and getattr(self, dest) is not None:
                     raise NeurarchError(f"{flag} needs --plan or --share: it sizes the plan")
         if self.fail_on_block:
             raise NeurarchError("--fail-on-block needs --plan or --share: it reads the plan's verdict")

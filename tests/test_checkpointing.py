@@ -160,3 +160,25 @@ def test_the_card_says_a_checkpointed_setup_was_rehearsed(qlora_graph: dict) -> 
     assert before["fit"]["checkpointing"] is True
     assert before["finetune"]["activations"] == "rehearsed, checkpointing from full training"
     assert before["finetune"]["kbit"] is None
+
+
+def test_finetune_without_a_plan_writes_the_rehearsed_steps_for_a_later_plan(tmp_path, capfd) -> None:
+    # the graph a later `plan FILE --finetune qlora` sizes from: before, --finetune needed --plan
+    from helpers import run_cli
+
+    (tmp_path / "tiny.py").write_text(
+        "import transformers\n"
+        "def build():\n"
+        f"    c = transformers.LlamaConfig(hidden_size={HIDDEN}, intermediate_size={INTER}, "
+        f"num_hidden_layers={LAYERS}, num_attention_heads={HEADS}, num_key_value_heads=2, vocab_size={VOCAB})\n"
+        "    return transformers.LlamaForCausalLM(c)\n")
+    code, out, err = run_cli(["tiny.py:build", "--input", f"1,{TOKENS}:long", "--finetune", "QLoRA",
+                              "-o", "g.neurarch.json"], tmp_path, capfd)
+    assert code == 0 and err.startswith("wrote g.neurarch.json (") and err.count("\n") == 1
+    import json
+    adapters = json.loads((tmp_path / "g.neurarch.json").read_text())["measured"]["training"]["adapters"]
+    assert set(adapters) == {"rank", "layers", "qlora", "qloraKbit"}
+    assert all(adapters[r]["checkpointedPerSampleBytes"] > 0 for r in ("qlora", "qloraKbit"))
+    # the other sizing options still need a plan
+    code, out, err = run_cli(["tiny.py:build", "--input", f"1,{TOKENS}:long", "--gpu", "T4"], tmp_path, capfd)
+    assert (code, err) == (1, "neurarch-trace: --gpu needs --plan or --share: it sizes the plan\n")
