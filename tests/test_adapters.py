@@ -128,6 +128,10 @@ def test_the_step_is_rehearsed_for_the_mode_asked_only() -> None:
 def test_trace_model_refuses_an_unknown_finetune_mode() -> None:
     with pytest.raises(ValueError, match="finetune must be None, 'full', 'lora' or 'qlora', not 'adapter'"):
         trace_model(nn.Linear(2, 2), torch.randn(1, 2), finetune="adapter")
+    # any case, as on the command line
+    ids = torch.zeros(1, TOKENS, dtype=torch.long, device="meta")
+    graph = trace_model(_llama().eval(), ids, finetune="LoRA")
+    assert set(graph["measured"]["training"]["adapters"]) == {"rank", "layers", "lora"}
 
 
 @pytest.fixture(scope="module")

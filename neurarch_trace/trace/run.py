@@ -327,7 +327,7 @@ def trace_model(
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, ``inputs`` has another type, or ``depth`` is
             not an int.
-        ValueError: ``finetune`` is not ``None``, ``"full"``, ``"lora"`` or ``"qlora"``.
+        ValueError: ``finetune`` is not ``None``, ``"full"``, ``"lora"`` or ``"qlora"`` (in any case).
         ValueError: no input tensor, a 0-d first input, a batch of 0 samples, or ``depth`` below 0.
         TraceError: the forward pass raised (or called ``sys.exit``); the message says how far the
             trace got and repeats the model's own complaint; the original exception is chained.
@@ -338,7 +338,7 @@ def trace_model(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    depth = _checked_options(depth, finetune)
+    depth, finetune = _checked_options(depth, finetune)
     model = unwrap_model(model)
     if isinstance(model, torch.jit.ScriptModule):
         model = Opaque(model)  # a scripted model refuses hooks: trace it as one opaque layer
@@ -365,18 +365,20 @@ def trace_model(
                              training_step, description, finetune)
 
 
-def _checked_options(depth: Any, finetune: Any) -> Optional[int]:
-    """``depth`` as an int (or None) once it and ``finetune`` are checked (:func:`trace_model`'s
-    TypeError and ValueError)."""
+def _checked_options(depth: Any, finetune: Any) -> Tuple[Optional[int], Optional[str]]:
+    """``depth`` as an int (or None) and ``finetune`` in lower case, once both are checked
+    (:func:`trace_model`'s TypeError and ValueError; the case of a mode does not matter, as on the
+    command line: ``"QLoRA"``)."""
     if depth is not None:  # an int, or what stands for one (numpy's): not a bool, a float or a string
         if isinstance(depth, bool) or not hasattr(type(depth), "__index__"):
             raise TypeError(f"depth must be an int or None, not {type(depth).__name__}")
         depth = operator.index(depth)
     if depth is not None and depth < 0:
         raise ValueError(f"depth must be 0 or more, not {depth}")
-    if finetune not in (None, "full", "lora", "qlora"):
+    mode = finetune.lower() if isinstance(finetune, str) else finetune
+    if mode not in (None, "full", "lora", "qlora"):
         raise ValueError(f"finetune must be None, 'full', 'lora' or 'qlora', not {finetune!r}")
-    return depth
+    return depth, mode
 
 
 def _traced_graph(model: nn.Module, args: tuple, call_kwargs: dict, named_inputs: List[Tuple[str, Any]],
