@@ -149,9 +149,10 @@ def test_the_card_says_a_checkpointed_setup_was_rehearsed(qlora_graph: dict) -> 
     plan = out["plan"]
     assert plan["fit"]["checkpointing"] is True
     assert plan["finetune"]["activations"] == "rehearsed"
-    assert plan["finetune"]["kbit"]["checkpoint"] is True
+    kbit = plan["finetune"]["kbit"]
+    assert kbit["checkpointing"] is True and kbit["checkpointedPeakGb"] is None
     text = " ".join(line.strip("| ").strip() for line in out["text"].splitlines())
-    assert "(rehearsed, with checkpointing)" in text
+    assert f"at batch {kbit['batch']}, with checkpointing (rehearsed)" in text
     # a graph rehearsed without checkpointing (before it was): sized from full training's, and said
     old = copy.deepcopy(qlora_graph)
     for name in ("qlora", "qloraKbit"):
@@ -182,3 +183,61 @@ def test_finetune_without_a_plan_writes_the_rehearsed_steps_for_a_later_plan(tmp
     # the other sizing options still need a plan
     code, out, err = run_cli(["tiny.py:build", "--input", f"1,{TOKENS}:long", "--gpu", "T4"], tmp_path, capfd)
     assert (code, err) == (1, "neurarch-trace: --gpu needs --plan or --share: it sizes the plan\n")
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward", "optimizer"])
+def test_ctrl_c_during_a_rehearsed_step_stops_it(phase: str, monkeypatch) -> None:
+    # a new-user pass: Ctrl-C that landed in a storage's weakref finaliser was printed as "Exception
+    # ignored" and the step went on, its memory curve missing a free, and the graph was written
+    import signal
+
+    from neurarch_trace.rehearsal import rehearse_training_step, storage
+
+    start = storage.StorageTracker.start
+
+    def interrupted(self, name: str) -> None:
+        start(self, name)
+        if name == phase:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(storage.StorageTracker, "start", interrupted)
+    ids = torch.zeros(1, TOKENS, dtype=torch.long, device="meta")
+    with pytest.raises(KeyboardInterrupt):
+        rehearse_training_step(_llama(), (ids,), batch_size=1, finetune="qlora")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_is_held_until_the_next_operation() -> None:
+    # what makes the above hold wherever the signal lands: Python raises KeyboardInterrupt in the
+    # code that runs when it arrives, which may be a finaliser that swallows it
+    import signal
+
+    from neurarch_trace.rehearsal.storage import StorageTracker
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with StorageTracker():
+            signal.raise_signal(signal.SIGINT)
+            reached.append("after the signal")
+            torch.empty(4, device="meta") + 1
+            reached.append("after the next operation")
+    assert reached == ["after the signal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_diff_says_when_the_base_step_comes_from_elsewhere(qlora_graph: dict) -> None:
+    # a new-user pass: the same model traced without --finetune read "Peak memory -0.4 GB" beside
+    # "0 added, 0 removed, 0 changed", with nothing to say why
+    base = copy.deepcopy(qlora_graph)
+    del base["measured"]["training"]["adapters"]
+    out = make_plan(qlora_graph, base=base, finetune="QLoRA", gpu="T4")  # any case, as on the command line
+    diff = out["plan"]["diff"]
+    assert diff["activations"] == {"new": "rehearsed", "base": "full training"}
+    assert diff["layers"]["added"] == diff["layers"]["removed"] == diff["layers"]["changed"] == []
+    text = " ".join(line.strip("| ").strip() for line in out["text"].splitlines())
+    assert "activations: the new one's rehearsed, the base's from full training's step (traced without --finetune)" \
+        in text
+    # the same graph as its own base: nothing to say
+    same = make_plan(qlora_graph, base=qlora_graph, finetune="qlora", gpu="T4")
+    assert same["plan"]["diff"]["peakGb"]["delta"] == 0
+    assert "activations:" not in same["text"]

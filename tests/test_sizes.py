@@ -317,7 +317,7 @@ def test_llama70b_qlora_numbers(llama70b: dict[str, Any]) -> None:
     text = make_plan(llama70b, finetune="qlora")["text"].splitlines()
     assert row("Fine-tune", "QLoRA r=16: 207.1M trainable params (0.29%)") in text
     # no step rehearsed in this graph: the activations are estimated from layer outputs, and the row says so
-    at = text.index(row("", "adapters on 560 linear layers, NF4 base 39.5 GB,"))
+    at = text.index(row("", "adapters on 560 linear layers, NF4 base 39.5 GB"))
     assert text[at + 1] == row("", "activations estimated from layer outputs")
     # which recipe that is, and what the other (prepare_model_for_kbit_training) measured on a GPU
     card = make_plan(llama70b, finetune="qlora")["text"]
@@ -375,6 +375,15 @@ def test_lora_without_linear_layers_says_so_on_the_card() -> None:
     assert plan["fit"]["gpu"] == "T4" and plan["cost"]["training"]["backwardFactor"] == 3
     assert row("Fine-tune", "LoRA needs linear layers to adapt and this model") in answer["text"].splitlines()
     assert plan["notes"][-1] == plan["finetune"]["note"]
+    assert plan["finetune"]["note"] == ("LoRA needs linear layers to adapt and this model has none besides its output "
+                                        "layer: the plan is for full training")
+    # a model with no linear layer at all is not told about an output layer it does not have
+    no_linear = copy.deepcopy(doc)
+    for node in no_linear["components"]:
+        if node["type"] == "linear":
+            node["type"] = "customModule"
+    assert make_plan(no_linear, finetune="lora")["plan"]["finetune"]["note"] == (
+        "LoRA needs linear layers to adapt and this model has none: the plan is for full training")
 
 
 # --- 3. serving -----------------------------------------------------------------------------------

@@ -281,13 +281,18 @@ def _qlora_recipe(finetune: Mapping[str, Any]) -> List[str]:
     kbit = finetune.get("kbit")
     if not kbit:
         return [QLORA_RECIPE]
-    setup = f"{kbit['gpus']}x {kbit['gpu']}" if kbit["gpus"] > 1 else str(kbit["gpu"])
+    how = "with" if kbit.get("checkpointing", kbit.get("checkpoint")) else "no"
+    lines = ["non-4-bit weights in 16 bits (get_peft_model over the 4-bit load)",
+             f"prepare_model_for_kbit_training (PEFT) makes them float32: {units.gb(kbit['peakGb'] * 1e9)} peak "
+             f"at batch {kbit['batch']}, {how} checkpointing (rehearsed)"]
     # the fit's own rule: the peak times the headroom must fit the card's memory
-    over = f", over its {kbit['memoryGb']:g} GB" if kbit["needGb"] > kbit["memoryGb"] else ""
-    return ["non-4-bit weights sized in 16 bits (get_peft_model over the 4-bit load)",
-            f"prepare_model_for_kbit_training (PEFT) makes them float32: {units.gb(kbit['peakGb'] * 1e9)} peak on "
-            f"{setup} at batch {kbit['batch']}{over} "
-            f"(rehearsed, {'with' if kbit.get('checkpoint') else 'no'} checkpointing)"]
+    if kbit["needGb"] > kbit["memoryGb"]:
+        lines.append(f"needs {units.gb(kbit['needGb'] * 1e9)} with x{kbit.get('headroom', 1.15):g} headroom: "
+                     f"over {kbit['memoryGb']:g} GB")
+        if kbit.get("checkpointedPeakGb") is not None:
+            fits = "over" if kbit["checkpointedNeedGb"] > kbit["memoryGb"] else "fits"
+            lines.append(f"with checkpointing: {units.gb(kbit['checkpointedPeakGb'] * 1e9)} peak, {fits}")
+    return lines
 
 
 def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
@@ -298,18 +303,19 @@ def _finetune_rows(finetune: Optional[Mapping[str, Any]]) -> List[str]:
     name = "QLoRA" if finetune["mode"] == "qlora" else "LoRA"
     base = "NF4 base" if finetune["mode"] == "qlora" else "16-bit base"
     more = _qlora_recipe(finetune) if finetune["mode"] == "qlora" else []
+    step = _STEP.get(finetune.get("activations"))
     return _row("Fine-tune", f"{name} r={finetune['rank']}: {units.count(finetune['trainableParams'])} trainable "
                              f"params ({finetune['trainablePercent']:.2f}%)",
-                f"adapters on {finetune['adaptedLayers']} linear layers, {base} "
-                f"{units.gb(finetune['baseGb'] * 1e9)}{_STEP.get(finetune.get('activations'), '')}", *more)
+                f"adapters on {plural(finetune['adaptedLayers'], 'linear layer')}, {base} "
+                f"{units.gb(finetune['baseGb'] * 1e9)}", *([step] if step else []), *more)
 
 
 #: How the Fine-tune row says where its activations come from (``plan.finetune.activations``).
-_STEP = {"rehearsed": ", the step rehearsed as PEFT runs it",  # checkpointed as the setup is
-         "rehearsed, checkpointing from full training": ", the step rehearsed as PEFT runs it, its checkpointing "
-                                                        "sized from full training's",
-         "full training": ", activations from full training's step",
-         "layer outputs": ", activations estimated from layer outputs"}
+_STEP = {"rehearsed": "the step rehearsed as PEFT runs it",  # checkpointed as the setup is
+         "rehearsed, checkpointing from full training": "the step rehearsed as PEFT runs it, its checkpointing "
+                                                        "sized from full training's step",
+         "full training": "activations from full training's step",
+         "layer outputs": "activations estimated from layer outputs"}
 
 
 def _setup(option: Mapping[str, Any]) -> str:
@@ -374,7 +380,17 @@ def _diff_caveats(diff: Mapping[str, Any]) -> List[str]:
     sources = diff.get("sources") or {}
     if sources and sources.get("base") != sources.get("new"):
         out.append(f"peaks: the new one {sources.get('new')}, the base's {sources.get('base')}")
+    steps = diff.get("activations") or {}
+    if steps and steps.get("base") != steps.get("new") and steps.get("base") != "layer outputs":
+        out.append(f"activations: the new one's {_ACTIVATIONS.get(steps.get('new'), steps.get('new'))}, "
+                   f"the base's {_ACTIVATIONS.get(steps.get('base'), steps.get('base'))}")
     return out
+
+
+#: ``plan.diff.activations`` in the diff box's words.
+_ACTIVATIONS = {"rehearsed": "rehearsed", "rehearsed, checkpointing from full training":
+                "rehearsed (checkpointing from full training's)", "full training": "from full training's step "
+                "(traced without --finetune)", "layer outputs": "estimated from layer outputs"}
 
 
 def _diff_rows(diff: Mapping[str, Any]) -> List[str]:

@@ -25,7 +25,7 @@ from neurarch_trace.contract import Graph, Node
 from neurarch_trace.planner.analysis import Analysis
 from neurarch_trace.planner.blocks import find_blocks
 from neurarch_trace.planner.cost import Unit, cluster_cost
-from neurarch_trace.planner.finetune import tuning
+from neurarch_trace.planner.finetune import activations_label, tuning
 from neurarch_trace.planner.sizing import Sizing
 from neurarch_trace.planner.strategy import footprint
 
@@ -156,6 +156,9 @@ def diff(new: Analysis, base: Analysis, sized: Sizing, unit: Unit) -> Dict[str, 
     else:  # nothing holds one sample: the card sizes nothing to compare with
         return out
     checkpoint = setup.checkpoint and step.acts.checkpointed is not None
+    if sized.tuning.mode != "full":  # the two LoRA/QLoRA steps' activations may come from different places
+        out["activations"] = {"new": activations_label(new.memory.source, sized.tuning, setup.checkpoint),
+                              "base": activations_label(base.memory.source, step, setup.checkpoint)}
     base_setup = footprint(step.states, step.acts, setup.strategy, setup.gpus, checkpoint, step.others)
     out["peakGb"] = {**_delta(base_setup.peak_bytes(batch) / 1e9, setup.peak_bytes(batch) / 1e9),
                      "batch": batch, "gpus": setup.gpus, "strategy": setup.label, "finetune": sized.tuning.mode}

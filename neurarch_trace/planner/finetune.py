@@ -298,8 +298,9 @@ def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_
     adapted = adaptable_linears(a.structure)
     if not adapted:
         name = "QLoRA" if mode == "qlora" else "LoRA"
-        return _full(a, blocks, mode, f"{name} needs linear layers to adapt and this model has none "
-                                      "besides its output layer: the plan is for full training")
+        besides = " besides its output layer" if any(n.type == "linear" for n in a.structure.layers) else ""
+        return _full(a, blocks, mode, f"{name} needs linear layers to adapt and this model has none"
+                                      f"{besides}: the plan is for full training")
     c, scale = a.counts, a.work.scale
     trainable = sum(rank * (x.in_features + x.out_features) for x in adapted if x.owns_params)
     adapter_flops = sum(2 * rank * (x.in_features + x.out_features) * x.rows for x in adapted) * scale
@@ -337,3 +338,18 @@ def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_
         trainable, adapted, quantized, base,
         activations_source=source, kbit=kbit,
     )
+
+
+def activations_label(memory_source: str, step: Tuning, checkpoint: bool) -> str | None:
+    """``plan.finetune.activations``: where a LoRA/QLoRA step's activations come from on a setup
+    that checkpoints or not: ``rehearsed`` (the step itself, checkpointed as the setup is),
+    ``rehearsed, checkpointing from full training`` (the setup checkpoints, which the rehearsal
+    could not), ``full training`` (scaled from full training's rehearsed step) or ``layer
+    outputs`` (no step was rehearsed: ``memory_source`` is not ``measured``); None for full training."""
+    if step.mode == "full":
+        return None
+    if memory_source != "measured":
+        return "layer outputs"
+    if not step.activations_source.startswith("rehearsed"):
+        return "full training"
+    return step.activations_source if checkpoint else "rehearsed"

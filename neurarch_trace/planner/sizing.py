@@ -50,7 +50,7 @@ def check_options(finetune: str | None = None, context: int | None = None, gpu: 
                   usd_per_hour: float | None = None, table: GpuTable | None = None) -> Options:
     """The options as :class:`Options`; raises :class:`OptionError` (a ``ValueError``) with one
     sentence for a bad value:
-    a ``finetune`` not in ``full``/``lora``/``qlora``, a ``context`` that is not a positive integer
+    a ``finetune`` not in ``full``/``lora``/``qlora`` (in any case), a ``context`` that is not a positive integer
     of at most 2^31, an unknown ``gpu`` (the sentence names the known cards), a ``usd_per_hour``
     that is not a positive number, or a ``usd_per_hour`` without a ``gpu`` to price."""
     try:
@@ -63,8 +63,8 @@ def check_options(finetune: str | None = None, context: int | None = None, gpu: 
 
 def _options(finetune: str | None, context: int | None, gpu: str | None, usd_per_hour: float | None,
              table: GpuTable | None) -> Options:
-    mode = "full" if finetune is None else finetune
-    if mode not in MODES:
+    mode = "full" if finetune is None else finetune.lower() if isinstance(finetune, str) else finetune
+    if mode not in MODES:  # any case, as the command line's --finetune
         raise OptionError(f"finetune must be one of full, lora or qlora, not {finetune!r}")
     if context is not None and (not _is_int(context) or not 1 <= context <= MAX_CONTEXT):
         raise OptionError(f"context must be a positive integer of at most 2^31 tokens, not {context!r}")

@@ -12,7 +12,7 @@ from typing import Any
 
 from neurarch_trace.planner.analysis import Analysis
 from neurarch_trace.planner.cost import BACKWARD_FACTOR
-from neurarch_trace.planner.finetune import FROZEN_BACKWARD_FACTOR, NF4_BITS
+from neurarch_trace.planner.finetune import FROZEN_BACKWARD_FACTOR, NF4_BITS, activations_label
 from neurarch_trace.planner.fit import MAX_BATCH
 from neurarch_trace.planner.gpus import gpu_table
 from neurarch_trace.planner.memory import FRAMEWORK_ALLOWANCE_BYTES
@@ -160,32 +160,29 @@ def cost_fields(a: Analysis, s: Sizing, attention: str | None, legacy_assumption
 def _kbit(s: Sizing) -> dict[str, Any] | None:
     """``plan.finetune.kbit``: the peak of the card's QLoRA setup after PEFT's
     ``prepare_model_for_kbit_training``, at the card's batch per GPU, where that step was rehearsed
-    (with checkpointing too, when the setup checkpoints); else ``None``."""
+    (with checkpointing too, when the setup checkpoints); else ``None``. Where the setup does not
+    checkpoint and the step was rehearsed with checkpointing too, ``checkpointedPeakGb`` and
+    ``checkpointedNeedGb`` give the same setup with checkpointing (else ``None``)."""
     kbit, choice = s.tuning.kbit, s.choice
     if kbit is None or choice is None or (choice.setup.checkpoint and kbit[1].checkpointed is None):
         return None
     setup = footprint(*kbit, choice.setup.strategy, choice.setup.gpus, choice.setup.checkpoint)
     peak = setup.peak_bytes(choice.batch)
-    return {"peakGb": peak / 1e9, "needGb": peak * gpu_table().headroom / 1e9, "batch": choice.batch,
+    headroom = gpu_table().headroom
+    checkpointed = None
+    if not choice.setup.checkpoint and kbit[1].checkpointed is not None:
+        checkpointed = footprint(*kbit, choice.setup.strategy, choice.setup.gpus, True).peak_bytes(choice.batch)
+    return {"peakGb": peak / 1e9, "needGb": peak * headroom / 1e9, "batch": choice.batch,
             "gpus": choice.setup.gpus, "gpu": choice.gpu.id, "memoryGb": choice.gpu.memory_gb,
-            "checkpoint": choice.setup.checkpoint}
+            "checkpointing": choice.setup.checkpoint, "headroom": headroom,
+            "checkpointedPeakGb": None if checkpointed is None else checkpointed / 1e9,
+            "checkpointedNeedGb": None if checkpointed is None else checkpointed * headroom / 1e9}
 
 
 def _activations_source(a: Analysis, s: Sizing) -> str | None:
-    """``plan.finetune.activations``: where a LoRA/QLoRA step's activations come from on the card's
-    setup: ``rehearsed`` (the step itself, checkpointed as the setup is), ``rehearsed, checkpointing
-    from full training`` (the setup checkpoints, which the rehearsal could not), ``full training``
-    (scaled from full training's rehearsed step) or ``layer outputs`` (no step was rehearsed); None
-    for full training."""
-    t = s.tuning
-    if t.mode == "full":
-        return None
-    if a.memory.source != "measured":
-        return "layer outputs"
-    if not t.activations_source.startswith("rehearsed"):
-        return "full training"
+    """``plan.finetune.activations`` on the card's setup (:func:`.finetune.activations_label`)."""
     setup = s.choice.setup if s.choice is not None else (s.needs[1] if s.needs is not None else None)
-    return t.activations_source if setup is not None and setup.checkpoint else "rehearsed"
+    return activations_label(a.memory.source, s.tuning, setup is not None and setup.checkpoint)
 
 
 def finetune_fields(a: Analysis, s: Sizing) -> dict[str, Any]:

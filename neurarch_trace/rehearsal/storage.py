@@ -17,6 +17,8 @@ sizes into the state and per-sample parts of the peak.
 
 from __future__ import annotations
 
+import signal
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -88,6 +90,8 @@ class StorageTracker(TorchDispatchMode):
         self._on_op = on_op
         self._closed = False
         self._pending: tuple[_Record, _Record, int, int] | None = None
+        self._interrupted = False
+        self._old_handler: Any = None
 
     # --- phases and kinds ---------------------------------------------------------------------
     def start(self, phase: str) -> None:
@@ -123,8 +127,37 @@ class StorageTracker(TorchDispatchMode):
         """Stop recording: frees after this point (the caller dropping its tensors) are ignored."""
         self._closed = True
 
+    # --- Ctrl-C -------------------------------------------------------------------------------
+    def __enter__(self) -> StorageTracker:
+        """Enter the mode; Ctrl-C (SIGINT) is then held until the next operation (see
+        :meth:`_interrupt`)."""
+        self._interrupted = False
+        self._old_handler = None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._old_handler = signal.signal(signal.SIGINT, self._interrupt)
+        super().__enter__()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        super().__exit__(exc_type, exc, tb)
+        if self._old_handler is not None:
+            signal.signal(signal.SIGINT, self._old_handler)
+            self._old_handler = None
+        if self._interrupted and exc_type is None:
+            raise KeyboardInterrupt
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        """SIGINT while the mode is on: Python's own handler raises ``KeyboardInterrupt`` in whatever
+        code runs, which may be a storage's weakref finaliser (``_free``), where the exception is
+        printed as "Exception ignored" and the step goes on with a free left out. Held here instead,
+        it is raised at the next operation (or when the mode exits), in the step's own frames."""
+        self._interrupted = True
+
     # --- the mode -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if self._interrupted:
+            raise KeyboardInterrupt
         kwargs = kwargs or {}
         if func is _LOCAL_SCALAR and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
             return self._scalar(args[0])
