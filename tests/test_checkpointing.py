@@ -241,3 +241,44 @@ def test_the_diff_says_when_the_base_step_comes_from_elsewhere(qlora_graph: dict
     same = make_plan(qlora_graph, base=qlora_graph, finetune="qlora", gpu="T4")
     assert same["plan"]["diff"]["peakGb"]["delta"] == 0
     assert "activations:" not in same["text"]
+
+
+@pytest.fixture(scope="module")
+def full_graph() -> dict:
+    return trace_model(_llama().eval(), torch.zeros(1, TOKENS, dtype=torch.long, device="meta"))
+
+
+def test_full_training_is_rehearsed_with_checkpointing_too(full_graph: dict) -> None:
+    training = full_graph["measured"]["training"]
+    checkpointed = training["checkpointed"]
+    assert checkpointed["batchSizes"] == [2, 4]
+    phases = {peak["phase"] for peak in checkpointed["peaks"]}
+    assert {"forward", "backward", "optimizer"} <= phases
+    # checkpointing keeps fewer activations per sample than the plain step, with the same weights
+    assert checkpointed["activationBytesPerSample"] < training["activationBytesPerSample"]
+    forward = max((p for p in checkpointed["peaks"] if p["phase"] == "forward"),
+                  key=lambda p: sum(p["perSampleBytes"].values()))
+    plain = max((p for p in training["peaks"] if p["phase"] == "forward"),
+                key=lambda p: sum(p["perSampleBytes"].values()))
+    assert sum(forward["perSampleBytes"].values()) < sum(plain["perSampleBytes"].values())
+    # a model transformers does not checkpoint has no such step
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    assert "checkpointed" not in trace_model(model, torch.randn(2, 8))["measured"]["training"]
+
+
+def test_the_plan_sizes_checkpointed_full_training_from_the_rehearsed_step(full_graph: dict) -> None:
+    a = analyse(full_graph, seq_len=TOKENS)
+    step = tuning(a, find_blocks(a.structure, a.structure_counts), "full")
+    for batch in (1, 8, 64):
+        # the largest of the checkpointed step's own phase peaks, read from the graph, plus the
+        # plan's 1 GB framework allowance
+        expected = max(sum(p["stateBytes"].values()) + batch * sum(p["perSampleBytes"].values())
+                       for p in full_graph["measured"]["training"]["checkpointed"]["peaks"]) + 1e9
+        assert footprint(step.states, step.acts, "single", 1, True, step.others).peak_bytes(batch) == \
+            pytest.approx(expected, rel=1e-12)
+    # without the checkpointed step (a graph traced before), checkpointing is sized from the layers
+    old = copy.deepcopy(full_graph)
+    del old["measured"]["training"]["checkpointed"]
+    a = analyse(old, seq_len=TOKENS)
+    step = tuning(a, find_blocks(a.structure, a.structure_counts), "full")
+    assert step.acts.checkpointed is not None and step.acts.checkpointed_phases == ()

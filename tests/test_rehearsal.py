@@ -393,6 +393,9 @@ def test_checkpointing_keeps_the_score_matrices_of_the_recomputed_block_alone(la
     cfg = transformers.BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                                   num_attention_heads=4, vocab_size=500)
     graph = trace_model(transformers.BertModel(cfg), torch.randint(0, 500, (1, 128)))
+    # the formula for a step whose checkpointing was not rehearsed (a graph traced before it was,
+    # a model transformers does not checkpoint): tests/test_checkpointing.py has the rehearsed one
+    del graph["measured"]["training"]["checkpointed"]
     extra = graph["measured"]["training"]["attention"]["eagerExtraBytesPerSample"]
     assert extra == layers * (7 * 4 * 128 * 128 - (2 * 4 * 128 * 16 + 4 * 4 * 128))  # as worked above
     backward = {}

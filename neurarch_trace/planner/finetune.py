@@ -176,13 +176,13 @@ def adaptable_linears(graph: Graph) -> list[Adapted]:
     return found
 
 
-def _phase(a: Analysis, blocks: Blocks, phase: PhasePeak) -> Phase:
-    """One phase of the memory model as the strategies divide it: its states by kind (16-bit,
+def _states(blocks: Blocks, phase: PhasePeak) -> States:
+    """The states of one phase of the memory model as the strategies divide them, by kind (16-bit,
     frozen and packed weights together; optimizer moments and the step's temporaries together;
-    buffers and other state together) and its bytes per sample. ZeRO keeps gradients in 16 bits
-    where autocast keeps them in fp32 (:data:`ZERO_GRADIENT_BYTES` of :data:`GRADIENT_BYTES`)."""
+    buffers and other state together). ZeRO keeps gradients in 16 bits where autocast keeps them
+    in fp32 (:data:`ZERO_GRADIENT_BYTES` of :data:`GRADIENT_BYTES`)."""
     st = phase.state
-    states = States(
+    return States(
         weights=st.get("weights16", 0.0) + st.get("frozenWeights", 0.0),
         master=st.get("masterWeights", 0.0), gradients=st.get("gradients", 0.0),
         zero_gradients=st.get("gradients", 0.0) * ZERO_GRADIENT_BYTES / GRADIENT_BYTES,
@@ -190,14 +190,25 @@ def _phase(a: Analysis, blocks: Blocks, phase: PhasePeak) -> Phase:
         buffers=st.get("buffers", 0.0) + st.get("other", 0.0), framework=st.get("framework", 0.0),
         gather=blocks.largest_layer_params * (WEIGHT16_BYTES + ZERO_GRADIENT_BYTES),
     )
-    return states, _activations(a, blocks, 0.0, phase)
+
+
+def _phase(a: Analysis, blocks: Blocks, phase: PhasePeak) -> Phase:
+    """One phase of the memory model: its states (:func:`_states`) and its bytes per sample."""
+    return _states(blocks, phase), _activations(a, blocks, 0.0, phase)
 
 
 def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
-    """Full training: the memory model's phases, the one largest at batch 1 first."""
+    """Full training: the memory model's phases, the one largest at batch 1 first; with checkpointing,
+    the checkpointed step's own phases where it was rehearsed (``MemoryModel.checkpointed_phases``),
+    else each phase's checkpointed bytes sized from its layers (:func:`_activations`)."""
     main = a.memory.peak(1)
     states, acts = _phase(a, blocks, main)
     others = tuple(_phase(a, blocks, p) for p in a.memory.phases if p is not main)
+    if a.memory.checkpointed_phases:
+        rehearsed = sorted(a.memory.checkpointed_phases, key=lambda p: -p.bytes(1))
+        phases = tuple((_states(blocks, p), Activations(p.per_sample_bytes, p.per_sample_bytes))
+                       for p in rehearsed)
+        acts = Activations(acts.plain, phases[0][1].plain, phases)
     f = a.flops_per_sample
     return Tuning("full", asked, None, states, acts, BACKWARD_FACTOR * f,
                   (BACKWARD_FACTOR + 1) * f, a.counts.trainable, note=note, others=others)

@@ -177,6 +177,10 @@ class MemoryModel:
     #: the same steps with activation checkpointing as transformers applies it
     #: (``checkpointedPerSampleBytes``), rehearsed where the model has layers it checkpoints
     adapter_checkpointed_bytes: Mapping[str, float] = field(default_factory=dict)
+    #: the full training step with activation checkpointing as transformers applies it, rehearsed
+    #: (``measured.training.checkpointed``): its phase peaks, sized as :attr:`phases` are; empty when
+    #: not rehearsed (checkpointing is then sized from the plain step's layers and blocks)
+    checkpointed_phases: list[PhasePeak] = field(default_factory=list)
 
     def peak(self, batch: int) -> PhasePeak:
         """The phase peak that is largest at ``batch``."""
@@ -325,14 +329,29 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
     calls = (measured_int(att, "sdpaCalls") or 0) if attention == "eager" and any(eager) else 0
     scores = max((p.per_sample.get("attentionScores", 0.0) for p in phases if p is not None), default=0.0)
     adapters = _adapter_bytes(training, work.scale, scores + eager_backward, kv_dropped)
-    # checkpointed, the cache is off already, and eager attention's scores are one call's at a time
-    per_call = scores / calls if calls else 0.0
-    checkpointed = _adapter_bytes(training, work.scale, per_call + eager_backward, 0.0, "checkpointedPerSampleBytes")
+    # the checkpointed steps as rehearsed, with the kernel the trace ran: eager attention's score
+    # matrices live only while their block runs or is recomputed, which may or may not be where a
+    # checkpointed step peaks, so under an eager what-if checkpointing is sized from the layers
+    what_if = calls > 0
+    checkpointed = {} if what_if else _adapter_bytes(training, work.scale, 0.0, 0.0, "checkpointedPerSampleBytes")
     return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls,
+                       checkpointed_phases=[] if what_if else _checkpointed_phases(training, work.scale),
                        half_weights_ratio=_half_weights_ratio(training, peaks), kv_cache_bytes=kv,
                        kv_cache_saved_bytes=kv_saved,
                        eager_backward_bytes=eager_backward, adapter_bytes=adapters,
                        adapter_checkpointed_bytes=checkpointed), ""
+
+
+def _checkpointed_phases(training: Mapping[str, Any], scale: float) -> list[PhasePeak]:
+    """``measured.training.checkpointed``'s phase peaks, sized for the planned length as the plain
+    step's are; empty when absent or malformed (the plan then sizes checkpointing from the plain
+    step's layers)."""
+    raw = training.get("checkpointed")
+    peaks = raw.get("peaks") if isinstance(raw, dict) else None
+    if not isinstance(peaks, list) or not 0 < len(peaks) <= _MAX_PEAKS:
+        return []
+    phases = [_measured_phase(peak, scale, (0.0, 0.0)) for peak in peaks]
+    return [] if any(p is None for p in phases) else phases  # type: ignore[return-value]
 
 
 def _adapter_bytes(training: Mapping[str, Any], scale: float, eager: float, kv_dropped: float,

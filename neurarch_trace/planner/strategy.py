@@ -91,10 +91,14 @@ class States:
 @dataclass(frozen=True)
 class Activations:
     """Activation bytes per sample: ``plain`` (every layer's output kept) and ``checkpointed``
-    (``None`` when checkpointing frees nothing: no repeated blocks)."""
+    (``None`` when checkpointing frees nothing: no repeated blocks). ``checkpointed_phases``: the
+    checkpointed step's own phases, rehearsed (each with its states: a checkpointed step peaks at
+    other points, holding other gradients), which a checkpointed :func:`footprint` of this main
+    phase takes instead, the first as its main phase; empty when not rehearsed."""
 
     plain: float
     checkpointed: float | None = None
+    checkpointed_phases: tuple[Phase, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,9 @@ def footprint(states: States, acts: Activations, strategy: str, gpus: int, check
     """The per-GPU memory of ``strategy`` on ``gpus`` GPUs, for the main phase ``(states, acts)``
     and the step's ``others`` phases. Raises ``ValueError`` for an unknown strategy, ``single`` on
     more than one GPU, or checkpointing without blocks."""
+    if checkpoint and acts.checkpointed_phases:  # the checkpointed step as rehearsed
+        (states, acts), *rest = acts.checkpointed_phases
+        others = tuple(rest)
     main = _line_setup(states, acts, strategy, gpus, checkpoint)
     if not others:
         return main

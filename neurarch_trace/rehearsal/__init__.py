@@ -100,6 +100,22 @@ def _peak(run: Run) -> int:
     return max((sum(point) for point in run.points), default=0)
 
 
+def _checkpointed_step(rehearsal: Rehearsal, batch: int, tokens: int | None, traced: int) -> dict[str, Any] | None:
+    """``measured.training.checkpointed``: the same step with activation checkpointing as
+    transformers' ``gradient_checkpointing_enable()`` applies it (:mod:`.checkpointing`), rehearsed
+    at ``batch`` and ``2 x batch`` samples at the traced length and fitted as the plain step is
+    (:func:`.fit.combine`: its phase peaks, ``stateBytes`` and ``perSampleBytes`` by kind, at the
+    ``traced`` batch); ``None`` when it cannot be rehearsed (the plan then sizes checkpointing from
+    the plain step's layers)."""
+    try:
+        one = rehearsal.run(batch, tokens, layers=False, checkpoint=True)
+        two = rehearsal.run(2 * batch, tokens, layers=False, checkpoint=True)
+    except Exception:  # noqa: BLE001 - the plain step stands; the plan falls back to its formula
+        return None
+    fitted = combine(one, two, None, None, batch=traced)
+    return {key: fitted[key] for key in ("batchSizes", "peakPhase", "stateBytes", "activationBytesPerSample", "peaks")}
+
+
 def _adapter_steps(model: nn.Module, plan: InputPlan, batch: int, tokens: int | None,
                    finetune: str) -> dict[str, Any] | None:
     """``measured.training.adapters``: the recipes of :mod:`.adapters` that ``finetune`` plans
@@ -152,6 +168,9 @@ def _rehearse(model: nn.Module, plan: InputPlan, finetune: str | None = None) ->
     half = _half_weights(model, plan, 2 * small, tokens)
     if half is not None:
         measured["halfWeightsActivationBytesPerSample"] = half
+    checkpointed = _checkpointed_step(rehearsal, small, tokens, plan.batch) if checkpointed_layers(model) else None
+    if checkpointed is not None:
+        measured["checkpointed"] = checkpointed
     adapters = _adapter_steps(model, plan, small, tokens, finetune) if finetune in ("lora", "qlora") else None
     if adapters is not None:
         measured["adapters"] = adapters
