@@ -292,9 +292,17 @@ ADAPTERS_CKPT_HELD_OUT = [
     case("gpt2", "lora", 64, 1024, checkpoint=True), case("bertlarge", "lora", 128, 512, checkpoint=True),
     case("pythia1b", "lora", 32, 1024, checkpoint=True), case("qwen05b", "lora", 32, 1024, checkpoint=True),
 ]
+#: A tenth set, predicted and committed before it was measured, after full training's checkpointed
+#: step was rehearsed too: models, batches and lengths no set measured with checkpointing.
+FULL_CKPT_HELD_OUT = [
+    case("llama1b", "full", 64, 2048, checkpoint=True), case("qwen15b", "full", 24, 1024, checkpoint=True),
+    case("pythia1b", "full", 24, 2048, checkpoint=True), case("gpt2", "full", 128, 1024, checkpoint=True),
+    case("bertlarge", "full", 256, 512, checkpoint=True), case("qwen05b", "full", 16, 2048, checkpoint=True),
+    case("llama3b", "full", 12, 4096, checkpoint=True),
+]
 SETS = {"first": CASES, "held-out": HELD_OUT, "fresh": FRESH, "confirm": CONFIRM, "diagnose": DIAGNOSE,
         "quantized": QUANTIZED, "eager": EAGER, "adapters": ADAPTERS, "adapters-held-out": ADAPTERS_HELD_OUT,
-        "adapters-ckpt-held-out": ADAPTERS_CKPT_HELD_OUT}
+        "adapters-ckpt-held-out": ADAPTERS_CKPT_HELD_OUT, "full-ckpt-held-out": FULL_CKPT_HELD_OUT}
 
 
 def make_batch(model: str, batch: int, tokens: int | None, device: str | torch.device) -> tuple[tuple, torch.Tensor]:

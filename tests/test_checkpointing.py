@@ -282,3 +282,19 @@ def test_the_plan_sizes_checkpointed_full_training_from_the_rehearsed_step(full_
     a = analyse(old, seq_len=TOKENS)
     step = tuning(a, find_blocks(a.structure, a.structure_counts), "full")
     assert step.acts.checkpointed is not None and step.acts.checkpointed_phases == ()
+
+
+def test_the_card_names_the_checkpointed_steps_peak(full_graph: dict) -> None:
+    # 1.5 million tokens: batch 1 fits a T4 only with checkpointing
+    out = make_plan(full_graph, gpu="T4", seq_len=1_500_000)
+    plan = out["plan"]
+    assert plan["fit"]["checkpointing"] is True and plan["memory"]["checkpointed"] is True
+    peaks = analyse(full_graph, seq_len=1_500_000).memory.checkpointed_phases
+    batch = plan["fit"]["batch"]
+    assert plan["memory"]["peakPhase"] == max(peaks, key=lambda p: p.bytes(batch)).phase
+    text = " ".join(line.strip("| ").strip() for line in out["text"].splitlines())
+    assert f"measured: rehearsed checkpointed step, peak in the {plan['memory']['peakPhase']}" in text
+    # without checkpointing the card names the plain step's
+    plain = make_plan(full_graph, gpu="T4")
+    assert plain["plan"]["fit"]["checkpointing"] is False and "checkpointed" not in plain["plan"]["memory"]
+    assert "measured: rehearsed step, peak in the" in plain["text"]

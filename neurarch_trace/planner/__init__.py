@@ -117,7 +117,8 @@ def _memory(a: Analysis, sized: Sizing, batch: int) -> Dict[str, Any]:
     """The plan's ``memory`` (:meth:`MemoryModel.as_plan` at ``batch``), its ``peakPhase`` the
     phase that peaks per GPU in the chosen setup at its batch per GPU, where the setup divides the
     memory model's phases (full training): on several GPUs the states are divided and the phase
-    that peaks can be another than on one."""
+    that peaks can be another than on one. A setup with checkpointing whose checkpointed step was
+    rehearsed peaks in one of that step's phases, and ``checkpointed`` is then true."""
     memory = a.memory.as_plan(batch)
     choice = sized.choice
     phases = a.memory.phases
@@ -126,10 +127,17 @@ def _memory(a: Analysis, sized: Sizing, batch: int) -> Dict[str, Any]:
         # most bytes per sample (finetune.tuning); the full-training phases are kept for reference
         memory["peakPhase"] = max(phases, key=lambda p: p.per_sample_bytes).phase
         return memory
-    if choice is None or len(phases) < 2 or len(choice.setup.lines) != len(phases):
+    if choice is not None and choice.setup.checkpoint and a.memory.checkpointed_phases:
+        # the checkpointed step as rehearsed, its phases as finetune._full orders them
+        memory["checkpointed"] = True
+        names = [p.phase for p in sorted(a.memory.checkpointed_phases, key=lambda p: -p.bytes(1))]
+    elif choice is None or len(phases) < 2 or len(choice.setup.lines) != len(phases):
         return memory
-    main = a.memory.peak(1)  # the setup's own line; its others in the memory model's order
-    names = [main.phase] + [p.phase for p in phases if p is not main]
+    else:
+        main = a.memory.peak(1)  # the setup's own line; its others in the memory model's order
+        names = [main.phase] + [p.phase for p in phases if p is not main]
+    if len(names) != len(choice.setup.lines):
+        return memory
     peak = choice.setup.at(choice.batch)
     memory["peakPhase"] = next(name for name, s in zip(names, (choice.setup, *choice.setup.others)) if s is peak)
     return memory
