@@ -294,7 +294,38 @@ def test_the_card_names_the_checkpointed_steps_peak(full_graph: dict) -> None:
     assert plan["memory"]["peakPhase"] == max(peaks, key=lambda p: p.bytes(batch)).phase
     text = " ".join(line.strip("| ").strip() for line in out["text"].splitlines())
     assert f"measured: rehearsed checkpointed step, peak in the {plan['memory']['peakPhase']}" in text
+    # an eager what-if on this SDPA trace: checkpointing sized from the layers, and said
+    eager = make_plan(full_graph, gpu="T4", seq_len=15_000, attention="eager")  # the scores grow squared
+    assert eager["plan"]["fit"]["checkpointing"] is True and eager["plan"]["memory"]["checkpointed"] is False
+    assert "measured: rehearsed step, checkpointing sized from its layers, peak in the" in " ".join(
+        line.strip("| ").strip() for line in eager["text"].splitlines())
     # without checkpointing the card names the plain step's
     plain = make_plan(full_graph, gpu="T4")
     assert plain["plan"]["fit"]["checkpointing"] is False and "checkpointed" not in plain["plan"]["memory"]
     assert "measured: rehearsed step, peak in the" in plain["text"]
+
+
+def test_the_smallest_cluster_reads_the_checkpointed_steps_own_states() -> None:
+    # a new-user pass: a 70B plan on a T4 never returned. The cluster search took the plain step's
+    # states to find what ZeRO-3 leaves undivided, and the rehearsed checkpointed phases hold others
+    from neurarch_trace.planner.fit import smallest_cluster
+    from neurarch_trace.planner.gpus import gpu_table
+    from neurarch_trace.planner.strategy import Activations, States
+
+    t4 = gpu_table().by_id("T4")
+    plain = States(weights=1e9, master=2e9, gradients=0.0, zero_gradients=0.0, optimizer=4e9, buffers=0.0,
+                   framework=1e9, gather=1e8)
+    # the checkpointed step peaks in the optimizer step, every gradient alive, and one sample's
+    # activations alone nearly fill the card
+    held = States(weights=140e9, master=280e9, gradients=280e9, zero_gradients=140e9, optimizer=600e9,
+                  buffers=0.0, framework=1e9, gather=2e9)
+    for per_sample, holds in ((9e9, True), (13e9, False)):
+        acts = Activations(50e9, per_sample, ((held, Activations(per_sample, per_sample)),))
+        n, setup = smallest_cluster(plain, acts, t4)
+        if not holds:  # 1 + 2 + 13 GB, x 1.15, over 16 GB: no number of T4s holds one sample
+            assert n is None
+            continue
+        assert setup.peak_bytes(1) * 1.15 <= t4.memory_bytes
+        assert footprint(plain, acts, "zero3", n - 1, True).peak_bytes(1) * 1.15 > t4.memory_bytes
+        # the divided states, 16-bit weights and gradients, master weights and moments, over n cards
+        assert setup.peak_bytes(1) == pytest.approx(1e9 + 2e9 + 9e9 + (140e9 + 140e9 + 280e9 + 600e9) / n)

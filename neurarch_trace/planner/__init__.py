@@ -115,31 +115,37 @@ def _check_options(seq_len: Optional[int], attention: Optional[str]) -> None:
 
 def _memory(a: Analysis, sized: Sizing, batch: int) -> Dict[str, Any]:
     """The plan's ``memory`` (:meth:`MemoryModel.as_plan` at ``batch``), its ``peakPhase`` the
-    phase that peaks per GPU in the chosen setup at its batch per GPU, where the setup divides the
-    memory model's phases (full training): on several GPUs the states are divided and the phase
-    that peaks can be another than on one. A setup with checkpointing whose checkpointed step was
-    rehearsed peaks in one of that step's phases, and ``checkpointed`` is then true."""
+    phase that peaks per GPU in the chosen setup at its batch per GPU (or in the cluster the card
+    says it needs, at one sample), where the setup divides the memory model's phases (full
+    training): on several GPUs the states are divided and the phase that peaks can be another than
+    on one. Where that setup checkpoints, ``checkpointed`` is true when the checkpointed step was
+    rehearsed (the phase is then one of that step's), false when checkpointing is sized from the
+    plain step's layers."""
     memory = a.memory.as_plan(batch)
-    choice = sized.choice
     phases = a.memory.phases
     if sized.tuning.mode != "full" and phases:
         # a LoRA or QLoRA step is one line: its states and the activations of the phase with the
         # most bytes per sample (finetune.tuning); the full-training phases are kept for reference
         memory["peakPhase"] = max(phases, key=lambda p: p.per_sample_bytes).phase
         return memory
-    if choice is not None and choice.setup.checkpoint and a.memory.checkpointed_phases:
-        # the checkpointed step as rehearsed, its phases as finetune._full orders them
-        memory["checkpointed"] = True
-        names = [p.phase for p in sorted(a.memory.checkpointed_phases, key=lambda p: -p.bytes(1))]
-    elif choice is None or len(phases) < 2 or len(choice.setup.lines) != len(phases):
+    if sized.choice is not None:
+        setup, at = sized.choice.setup, sized.choice.batch
+    elif sized.needs is not None and sized.needs[0] is not None:
+        setup, at = sized.needs[1], 1
+    else:
         return memory
+    if setup.checkpoint and a.memory.source == "measured":
+        memory["checkpointed"] = bool(a.memory.checkpointed_phases)
+    if setup.checkpoint and a.memory.checkpointed_phases:
+        # the checkpointed step as rehearsed, its phases as finetune._full orders them
+        names = [p.phase for p in sorted(a.memory.checkpointed_phases, key=lambda p: -p.bytes(1))]
     else:
         main = a.memory.peak(1)  # the setup's own line; its others in the memory model's order
         names = [main.phase] + [p.phase for p in phases if p is not main]
-    if len(names) != len(choice.setup.lines):
+    if len(names) < 2 or len(names) != len(setup.lines):
         return memory
-    peak = choice.setup.at(choice.batch)
-    memory["peakPhase"] = next(name for name, s in zip(names, (choice.setup, *choice.setup.others)) if s is peak)
+    peak = setup.at(at)
+    memory["peakPhase"] = next(name for name, s in zip(names, (setup, *setup.others)) if s is peak)
     return memory
 
 

@@ -167,7 +167,9 @@ _CHECKPOINT = "with activation checkpointing (+1 forward pass)"
 def _source(memory: Optional[Mapping[str, Any]]) -> str:
     """Where the peak comes from: a measured (rehearsed) training step or the layer-output formula."""
     if memory and memory.get("source") == "measured":
-        step = "rehearsed checkpointed step" if memory.get("checkpointed") else "rehearsed step"
+        checkpointed = memory.get("checkpointed")
+        step = ("rehearsed checkpointed step" if checkpointed else "rehearsed step, checkpointing sized from "
+                "its layers" if checkpointed is False else "rehearsed step")
         return f"measured: {step}, peak in the {memory.get('peakPhase')}"
     return "estimated from layer outputs (no measured step)"
 

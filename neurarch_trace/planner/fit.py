@@ -207,6 +207,15 @@ def choose(states: States, acts: Activations, flops: Callable[[bool], float], ca
     return best if cheaper else single
 
 
+#: The parts of a ZeRO-3 setup divided among its cards (``strategy._divided``).
+_DIVIDED = ("weights", "gradients", "masterWeights", "optimizer")
+
+
+def _undivided(phase: Setup) -> float:
+    """One phase's bytes at one sample per GPU that ZeRO-3 does not divide."""
+    return phase.static_bytes - sum(phase.parts.get(k, 0.0) for k in _DIVIDED) + phase.per_sample_bytes
+
+
 def smallest_cluster(states: States, acts: Activations, gpu: Gpu, table: GpuTable | None = None,
                      others: tuple[Phase, ...] = ()) -> tuple[int | None, Setup]:
     """How many ``gpu`` cards ZeRO-3 (with checkpointing when the model has blocks) would need to
@@ -216,12 +225,13 @@ def smallest_cluster(states: States, acts: Activations, gpu: Gpu, table: GpuTabl
     table = table or gpu_table()
     checkpoint = acts.checkpointed is not None
     probe = footprint(states, acts, "zero3", MAX_GPUS, checkpoint, others)
-    divided = states.zero_states
-    static, per_sample = probe.line(1)
-    fixed = static - divided / MAX_GPUS + per_sample
-    room = gpu.memory_bytes / table.headroom - fixed
-    if room <= 0:
+    # each phase's part that no number of cards divides (a checkpointed step's rehearsed phases
+    # have states of their own): no number holds one sample when the largest exceeds a card
+    if max(_undivided(phase) for phase in (probe, *probe.others)) * table.headroom >= gpu.memory_bytes:
         return None, probe
+    peak = probe.at(1)
+    divided = sum(peak.parts.get(k, 0.0) for k in _DIVIDED) * MAX_GPUS
+    room = gpu.memory_bytes / table.headroom - _undivided(peak)
 
     def holds(count: int) -> bool:
         return footprint(states, acts, "zero3", count, checkpoint, others).peak_bytes(1) * table.headroom \

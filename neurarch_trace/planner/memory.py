@@ -334,8 +334,11 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
     # checkpointed step peaks, so under an eager what-if checkpointing is sized from the layers
     what_if = calls > 0
     checkpointed = {} if what_if else _adapter_bytes(training, work.scale, 0.0, 0.0, "checkpointedPerSampleBytes")
+    checkpointed_phases = [] if what_if else _checkpointed_phases(training, work.scale)
+    if not what_if and "checkpointed" in training and not checkpointed_phases:
+        notes.append("measured.training.checkpointed is malformed: checkpointing is sized from the plain step's layers")
     return MemoryModel("measured", [p for p in phases if p is not None], notes=notes, attention_calls=calls,
-                       checkpointed_phases=[] if what_if else _checkpointed_phases(training, work.scale),
+                       checkpointed_phases=checkpointed_phases,
                        half_weights_ratio=_half_weights_ratio(training, peaks), kv_cache_bytes=kv,
                        kv_cache_saved_bytes=kv_saved,
                        eager_backward_bytes=eager_backward, adapter_bytes=adapters,
