@@ -137,8 +137,7 @@ def _memory(a: Analysis, sized: Sizing, batch: int) -> Dict[str, Any]:
     if setup.checkpoint and a.memory.source == "measured":
         memory["checkpointed"] = bool(a.memory.checkpointed_phases)
     if setup.checkpoint and a.memory.checkpointed_phases:
-        # the checkpointed step as rehearsed, its phases as finetune._full orders them
-        names = [p.phase for p in sorted(a.memory.checkpointed_phases, key=lambda p: -p.bytes(1))]
+        names = [p.phase for p in a.memory.checkpointed_phases]  # the checkpointed step as rehearsed
     else:
         main = a.memory.peak(1)  # the setup's own line; its others in the memory model's order
         names = [main.phase] + [p.phase for p in phases if p is not main]

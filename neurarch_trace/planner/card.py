@@ -284,7 +284,7 @@ def _qlora_recipe(finetune: Mapping[str, Any]) -> List[str]:
     kbit = finetune.get("kbit")
     if not kbit:
         return [QLORA_RECIPE]
-    how = "with" if kbit.get("checkpointing", kbit.get("checkpoint")) else "no"
+    how = "with" if kbit.get("checkpointing") else "no"
     lines = ["non-4-bit weights in 16 bits (get_peft_model over the 4-bit load)",
              f"prepare_model_for_kbit_training (PEFT) makes them float32: {units.gb(kbit['peakGb'] * 1e9)} peak "
              f"at batch {kbit['batch']}, {how} checkpointing (rehearsed)"]

@@ -205,9 +205,8 @@ def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
     states, acts = _phase(a, blocks, main)
     others = tuple(_phase(a, blocks, p) for p in a.memory.phases if p is not main)
     if a.memory.checkpointed_phases:
-        rehearsed = sorted(a.memory.checkpointed_phases, key=lambda p: -p.bytes(1))
         phases = tuple((_states(blocks, p), Activations(p.per_sample_bytes, p.per_sample_bytes))
-                       for p in rehearsed)
+                       for p in a.memory.checkpointed_phases)
         acts = Activations(acts.plain, phases[0][1].plain, phases)
     f = a.flops_per_sample
     return Tuning("full", asked, None, states, acts, BACKWARD_FACTOR * f,

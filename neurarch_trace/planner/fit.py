@@ -33,7 +33,15 @@ from typing import Callable
 
 from neurarch_trace.planner.gpus import MAX_GPUS, Gpu, GpuTable, gpu_table
 from neurarch_trace.planner.memory import MemoryModel
-from neurarch_trace.planner.strategy import Activations, Phase, Setup, States, footprint, strategy_options
+from neurarch_trace.planner.strategy import (
+    ZERO3_DIVIDED,
+    Activations,
+    Phase,
+    Setup,
+    States,
+    footprint,
+    strategy_options,
+)
 
 __all__ = ["CardFit", "Choice", "Fit", "GPU_COUNTS", "MAX_BATCH", "choose", "fit", "largest_batch",
            "smallest_cluster"]
@@ -207,13 +215,9 @@ def choose(states: States, acts: Activations, flops: Callable[[bool], float], ca
     return best if cheaper else single
 
 
-#: The parts of a ZeRO-3 setup divided among its cards (``strategy._divided``).
-_DIVIDED = ("weights", "gradients", "masterWeights", "optimizer")
-
-
 def _undivided(phase: Setup) -> float:
     """One phase's bytes at one sample per GPU that ZeRO-3 does not divide."""
-    return phase.static_bytes - sum(phase.parts.get(k, 0.0) for k in _DIVIDED) + phase.per_sample_bytes
+    return phase.static_bytes - sum(phase.parts.get(k, 0.0) for k in ZERO3_DIVIDED) + phase.per_sample_bytes
 
 
 def smallest_cluster(states: States, acts: Activations, gpu: Gpu, table: GpuTable | None = None,
@@ -230,7 +234,7 @@ def smallest_cluster(states: States, acts: Activations, gpu: Gpu, table: GpuTabl
     if max(_undivided(phase) for phase in (probe, *probe.others)) * table.headroom >= gpu.memory_bytes:
         return None, probe
     peak = probe.at(1)
-    divided = sum(peak.parts.get(k, 0.0) for k in _DIVIDED) * MAX_GPUS
+    divided = sum(peak.parts.get(k, 0.0) for k in ZERO3_DIVIDED) * MAX_GPUS
     room = gpu.memory_bytes / table.headroom - _undivided(peak)
 
     def holds(count: int) -> bool:

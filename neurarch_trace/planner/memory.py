@@ -178,7 +178,8 @@ class MemoryModel:
     #: (``checkpointedPerSampleBytes``), rehearsed where the model has layers it checkpoints
     adapter_checkpointed_bytes: Mapping[str, float] = field(default_factory=dict)
     #: the full training step with activation checkpointing as transformers applies it, rehearsed
-    #: (``measured.training.checkpointed``): its phase peaks, sized as :attr:`phases` are; empty when
+    #: (``measured.training.checkpointed``): its phase peaks, sized as :attr:`phases` are, the one
+    #: largest at batch 1 first; empty when
     #: not rehearsed (checkpointing is then sized from the plain step's layers and blocks)
     checkpointed_phases: list[PhasePeak] = field(default_factory=list)
 
@@ -347,14 +348,16 @@ def _measured(graph: Graph, work: Workload, attention: str | None) -> tuple[Memo
 
 def _checkpointed_phases(training: Mapping[str, Any], scale: float) -> list[PhasePeak]:
     """``measured.training.checkpointed``'s phase peaks, sized for the planned length as the plain
-    step's are; empty when absent or malformed (the plan then sizes checkpointing from the plain
-    step's layers)."""
+    step's are, the one largest at batch 1 first (a footprint's main phase); empty when absent or
+    malformed (the plan then sizes checkpointing from the plain step's layers)."""
     raw = training.get("checkpointed")
     peaks = raw.get("peaks") if isinstance(raw, dict) else None
     if not isinstance(peaks, list) or not 0 < len(peaks) <= _MAX_PEAKS:
         return []
     phases = [_measured_phase(peak, scale, (0.0, 0.0)) for peak in peaks]
-    return [] if any(p is None for p in phases) else phases  # type: ignore[return-value]
+    if any(p is None for p in phases):
+        return []
+    return sorted(phases, key=lambda p: -p.bytes(1))  # type: ignore[union-attr]
 
 
 def _adapter_bytes(training: Mapping[str, Any], scale: float, eager: float, kv_dropped: float,

@@ -146,6 +146,10 @@ def strategy_text(strategy: str, checkpoint: bool) -> str:
     return _TEXT[strategy] + (" + checkpointing" if checkpoint else "")
 
 
+#: The parts of a ZeRO-3 setup divided among its cards (:func:`_divided`); the rest is per GPU.
+ZERO3_DIVIDED = ("weights", "gradients", "masterWeights", "optimizer")
+
+
 def _divided(states: States, strategy: str, n: int) -> dict[str, float]:
     if strategy in ("single", "ddp"):
         parts = {"weights": states.weights, "masterWeights": states.master, "gradients": states.gradients,

@@ -100,6 +100,13 @@ def _peak(run: Run) -> int:
     return max((sum(point) for point in run.points), default=0)
 
 
+def _growth(rehearsal: Rehearsal, batch: int, tokens: int | None, checkpoint: bool) -> float:
+    """Bytes the step's peak grows by per sample, from runs at ``batch`` and ``2 x batch``."""
+    one = rehearsal.run(batch, tokens, layers=False, checkpoint=checkpoint)
+    two = rehearsal.run(2 * batch, tokens, layers=False, checkpoint=checkpoint)
+    return round(max(0, _peak(two) - _peak(one)) / batch, 3)
+
+
 def _checkpointed_step(rehearsal: Rehearsal, batch: int, tokens: int | None, traced: int) -> dict[str, Any] | None:
     """``measured.training.checkpointed``: the same step with activation checkpointing as
     transformers' ``gradient_checkpointing_enable()`` applies it (:mod:`.checkpointing`), rehearsed
@@ -135,18 +142,11 @@ def _adapter_steps(model: nn.Module, plan: InputPlan, batch: int, tokens: int | 
             continue
         try:
             rehearsal = Rehearsal(model, plan, recipe=recipe)
-            one = rehearsal.run(batch, tokens, layers=False)
-            two = rehearsal.run(2 * batch, tokens, layers=False)
-        except Exception:  # noqa: BLE001 - the plan sizes that recipe from full training instead
+            steps[recipe.name] = {"perSampleBytes": _growth(rehearsal, batch, tokens, False)}
+            if checkpointed:
+                steps[recipe.name]["checkpointedPerSampleBytes"] = _growth(rehearsal, batch, tokens, True)
+        except Exception:  # noqa: BLE001 - the plan sizes what is missing from full training instead
             continue
-        steps[recipe.name] = {"perSampleBytes": round(max(0, _peak(two) - _peak(one)) / batch, 3)}
-        if checkpointed:
-            try:
-                one = rehearsal.run(batch, tokens, layers=False, checkpoint=True)
-                two = rehearsal.run(2 * batch, tokens, layers=False, checkpoint=True)
-            except Exception:  # noqa: BLE001 - the plan sizes checkpointing from full training instead
-                continue
-            steps[recipe.name]["checkpointedPerSampleBytes"] = round(max(0, _peak(two) - _peak(one)) / batch, 3)
     return {"rank": RANK, "layers": len(layers), **steps} if steps else None
 
 
