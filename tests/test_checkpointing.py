@@ -329,3 +329,31 @@ def test_the_smallest_cluster_reads_the_checkpointed_steps_own_states() -> None:
         assert footprint(plain, acts, "zero3", n - 1, True).peak_bytes(1) * 1.15 > t4.memory_bytes
         # the divided states, 16-bit weights and gradients, master weights and moments, over n cards
         assert setup.peak_bytes(1) == pytest.approx(1e9 + 2e9 + 9e9 + (140e9 + 140e9 + 280e9 + 600e9) / n)
+
+
+def test_ddp_buckets_and_zero_gradients_hold_every_trainable_parameter(full_graph: dict) -> None:
+    # a new-user pass: DDP's buckets counted 0 GB, taken from the phase's gradients, and the step
+    # peaks in the backward before most gradients exist. DDP allocates its buckets when it wraps the
+    # model (every trainable parameter's gradient, fp32 under autocast) and holds them all along
+    a = analyse(full_graph, seq_len=TOKENS)
+    step = tuning(a, find_blocks(a.structure, a.structure_counts), "full")
+    trainable = sum(p.numel() for p in _llama().parameters())
+    assert a.counts.trainable == trainable
+    single = footprint(step.states, step.acts, "single", 1, False, step.others)
+    ddp = footprint(step.states, step.acts, "ddp", 2, False, step.others)
+    for batch in (1, 16, 256):
+        assert ddp.at(batch).parts["ddpBuckets"] == 4 * trainable
+        assert ddp.peak_bytes(batch) == pytest.approx(single.peak_bytes(batch) + 4 * trainable, rel=1e-12)
+    # ZeRO counts 16-bit gradients for every trainable parameter in every phase (section 3.1):
+    # ZeRO-1 keeps them whole, ZeRO-2 divides them
+    for phase in (ddp, *ddp.others):
+        assert phase.parts["gradients"] <= 4 * trainable
+    zero1 = footprint(step.states, step.acts, "zero1", 4, False, step.others)
+    zero2 = footprint(step.states, step.acts, "zero2", 4, False, step.others)
+    for batch in (1, 256):
+        assert zero1.at(batch).parts["gradients"] == 2 * trainable
+        assert zero2.at(batch).parts["gradients"] == 2 * trainable / 4
+    # and the card's breakdown says so on a cluster that picks DDP
+    plan = make_plan(full_graph, gpu="T4x2")["plan"]
+    assert plan["fit"]["strategy"] == "ddp"
+    assert plan["cost"]["breakdown"]["ddpBucketsGb"] == pytest.approx(4 * trainable / 1e9, rel=1e-12)

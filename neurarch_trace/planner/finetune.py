@@ -176,16 +176,18 @@ def adaptable_linears(graph: Graph) -> list[Adapted]:
     return found
 
 
-def _states(blocks: Blocks, phase: PhasePeak) -> States:
+def _states(a: Analysis, blocks: Blocks, phase: PhasePeak) -> States:
     """The states of one phase of the memory model as the strategies divide them, by kind (16-bit,
     frozen and packed weights together; optimizer moments and the step's temporaries together;
-    buffers and other state together). ZeRO keeps gradients in 16 bits where autocast keeps them
-    in fp32 (:data:`ZERO_GRADIENT_BYTES` of :data:`GRADIENT_BYTES`)."""
-    st = phase.state
+    buffers and other state together). The phase's gradients are those alive at its peak (none
+    before the backward); DDP's buckets and ZeRO's gradients are every trainable parameter's, in
+    every phase: :data:`GRADIENT_BYTES` (fp32, as autocast keeps them) and
+    :data:`ZERO_GRADIENT_BYTES` (16-bit, as ZeRO counts them) per trainable parameter."""
+    st, trainable = phase.state, a.counts.trainable
     return States(
         weights=st.get("weights16", 0.0) + st.get("frozenWeights", 0.0),
         master=st.get("masterWeights", 0.0), gradients=st.get("gradients", 0.0),
-        zero_gradients=st.get("gradients", 0.0) * ZERO_GRADIENT_BYTES / GRADIENT_BYTES,
+        zero_gradients=trainable * ZERO_GRADIENT_BYTES, ddp_buckets=trainable * GRADIENT_BYTES,
         optimizer=st.get("optimizerMoments", 0.0) + st.get("optimizerTemporaries", 0.0),
         buffers=st.get("buffers", 0.0) + st.get("other", 0.0), framework=st.get("framework", 0.0),
         gather=blocks.largest_layer_params * (WEIGHT16_BYTES + ZERO_GRADIENT_BYTES),
@@ -194,7 +196,7 @@ def _states(blocks: Blocks, phase: PhasePeak) -> States:
 
 def _phase(a: Analysis, blocks: Blocks, phase: PhasePeak) -> Phase:
     """One phase of the memory model: its states (:func:`_states`) and its bytes per sample."""
-    return _states(blocks, phase), _activations(a, blocks, 0.0, phase)
+    return _states(a, blocks, phase), _activations(a, blocks, 0.0, phase)
 
 
 def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
@@ -205,7 +207,7 @@ def _full(a: Analysis, blocks: Blocks, asked: str, note: str | None) -> Tuning:
     states, acts = _phase(a, blocks, main)
     others = tuple(_phase(a, blocks, p) for p in a.memory.phases if p is not main)
     if a.memory.checkpointed_phases:
-        phases = tuple((_states(blocks, p), Activations(p.per_sample_bytes, p.per_sample_bytes))
+        phases = tuple((_states(a, blocks, p), Activations(p.per_sample_bytes, p.per_sample_bytes))
                        for p in a.memory.checkpointed_phases)
         acts = Activations(acts.plain, phases[0][1].plain, phases)
     f = a.flops_per_sample
@@ -322,7 +324,7 @@ def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_
     states = States(
         weights=base + trainable * WEIGHT16_BYTES, master=trainable * MASTER_WEIGHT_BYTES,
         gradients=trainable * GRADIENT_BYTES, zero_gradients=trainable * ZERO_GRADIENT_BYTES,
-        optimizer=trainable * ADAMW_BYTES, buffers=_state(a, "buffers") + _state(a, "other"),
+        ddp_buckets=trainable * GRADIENT_BYTES, optimizer=trainable * ADAMW_BYTES, buffers=_state(a, "buffers") + _state(a, "other"),
         framework=_state(a, "framework"),
         gather=blocks.largest_layer_params * FROZEN_BYTES, extra=largest_q * WEIGHT16_BYTES,
     )

@@ -63,8 +63,13 @@ class States:
     """What one replica holds besides activations, by kind, in bytes: ``weights`` (the 16-bit copy
     of every parameter; 4-bit for a QLoRA base), ``master`` (fp32 master weights), ``gradients``
     (as autocast keeps them), ``zero_gradients`` (16-bit, as ZeRO counts them), ``optimizer``,
-    ``buffers``, ``framework`` (per GPU), ``extra`` (per GPU: a QLoRA dequantisation buffer) and
-    ``gather`` (ZeRO-3's one gathered layer)."""
+    ``buffers``, ``framework`` (per GPU), ``extra`` (per GPU: a QLoRA dequantisation buffer),
+    ``gather`` (ZeRO-3's one gathered layer) and ``ddp_buckets`` (DDP's all-reduce buckets: every
+    trainable parameter's gradient, as autocast keeps them, allocated when DDP wraps the model and
+    held in every phase, where ``gradients`` are the ones alive at the phase's peak).
+
+    ``zero_gradients`` is ZeRO's static count, every trainable parameter's (section 3.1 counts
+    them in every phase of the step), not the phase's."""
 
     weights: float
     master: float
@@ -75,6 +80,7 @@ class States:
     framework: float
     gather: float
     extra: float = 0.0
+    ddp_buckets: float = 0.0
 
     @property
     def single_bytes(self) -> float:
@@ -155,7 +161,7 @@ def _divided(states: States, strategy: str, n: int) -> dict[str, float]:
         parts = {"weights": states.weights, "masterWeights": states.master, "gradients": states.gradients,
                  "optimizer": states.optimizer}
         if strategy == "ddp":
-            parts["ddpBuckets"] = states.gradients
+            parts["ddpBuckets"] = states.ddp_buckets
         return parts
     stage = int(strategy[-1])
     return {
