@@ -326,7 +326,9 @@ def test_the_smallest_cluster_reads_the_checkpointed_steps_own_states() -> None:
             assert n is None
             continue
         assert setup.peak_bytes(1) * 1.15 <= t4.memory_bytes
-        assert footprint(plain, acts, "zero3", n - 1, True).peak_bytes(1) * 1.15 > t4.memory_bytes
+        # in whole 8-GPU nodes, as the planner counts clusters: one node fewer does not hold it
+        assert n % 8 == 0
+        assert footprint(plain, acts, "zero3", n - 8, True).peak_bytes(1) * 1.15 > t4.memory_bytes
         # the divided states, 16-bit weights and gradients, master weights and moments, over n cards
         assert setup.peak_bytes(1) == pytest.approx(1e9 + 2e9 + 9e9 + (140e9 + 140e9 + 280e9 + 600e9) / n)
 

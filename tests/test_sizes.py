@@ -274,12 +274,18 @@ def test_a_fixed_cluster_too_small_says_what_would_hold(llama70b: dict[str, Any]
     plan = plan_of(llama70b, gpu="A100-80x8")
     assert plan["fit"]["fits"] is False and plan["cost"]["training"] is None
     # ZeRO-3 + checkpointing on A100-80s: (80 / 1.15 - 13.86 GB: the gathered LM head 4.20, the
-    # framework 1, one sample 8.66) = 55.70 GB per GPU for 1,128.9 GB: 20.3 -> 21
+    # framework 1, one sample 8.66) = 55.70 GB per GPU for 1,128.9 GB: 20.3 -> 21 hold it, and the
+    # count is given as the planner counts clusters, in whole 8-GPU nodes past 8: 24, what
+    # --gpu A100-80 picks
     needs = plan["fit"]["needs"]
-    assert (needs["gpu"], needs["gpus"], needs["strategy"]) == ("A100-80", 21, "zero3+ckpt")
+    assert (needs["gpu"], needs["gpus"], needs["strategy"]) == ("A100-80", 24, "zero3+ckpt")
+    assert needs["peakGb"] == pytest.approx((16 * P70 / 24 + 4 * 1_050_673_152 + 1e9 + 512 + 8_063_565_824) / 1e9)
+    picked = plan_of(llama70b, gpu="A100-80")["fit"]
+    assert (picked["gpus"], picked["strategy"]) == (24, "zero3+ckpt")
     lines = make_plan(llama70b, gpu="A100-80x8")["text"].splitlines()
     assert row("GPU fit", "8x A100-80 does not hold a training step") in lines
-    assert row("", "ZeRO-3 + checkpointing needs 21x A100-80 80 GB") in lines
+    assert row("", "ZeRO-3 + checkpointing needs 24x A100-80 80 GB") in lines
+    assert row("", f"(3 nodes of 8, {needs['peakGb']:.1f} GB peak per GPU)") in lines
 
 
 # --- 2. fine-tuning -------------------------------------------------------------------------------

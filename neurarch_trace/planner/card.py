@@ -195,11 +195,14 @@ def _needs_text(fit: Mapping[str, Any], lead: str) -> List[str]:
     needs = fit.get("needs")
     if not needs:
         return []
+    headroom = fit.get("headroom", 1.15)
     if needs["gpus"] is None:
         return [f"no number of {needs['gpu']} holds one sample with ZeRO-3 + checkpointing: "
-                f"{units.gb(needs['peakGb'] * 1e9)} per GPU is not divided"]
+                f"{units.gb(needs['peakGb'] * 1e9)} per GPU is not divided, "
+                f"{units.gb(needs['peakGb'] * headroom * 1e9)} with x{headroom:g} headroom"]
+    nodes = f"{needs['gpus'] // 8} nodes of 8, " if needs["gpus"] > 8 else ""
     return [f"{lead}ZeRO-3 + checkpointing needs {needs['gpus']}x {needs['gpu']} {needs['memoryGb']:g} GB "
-            f"({units.gb(needs['peakGb'] * 1e9)} peak per GPU)"]
+            f"({nodes}{units.gb(needs['peakGb'] * 1e9)} peak per GPU)"]
 
 
 def _fit_rows(fit: Mapping[str, Any], memory: Optional[Mapping[str, Any]] = None) -> List[str]:

@@ -43,8 +43,8 @@ from neurarch_trace.planner.strategy import (
     strategy_options,
 )
 
-__all__ = ["CardFit", "Choice", "Fit", "GPU_COUNTS", "MAX_BATCH", "choose", "fit", "largest_batch",
-           "smallest_cluster"]
+__all__ = ["CardFit", "Choice", "Fit", "GPU_COUNTS", "GPUS_PER_NODE", "MAX_BATCH", "choose", "fit",
+           "largest_batch", "on_node_grid", "smallest_cluster"]
 
 #: Largest batch the plan proposes for one GPU. A product choice, not a hardware limit: past a
 #: thousand samples per step, single-GPU training is rarely batch-bound and large-batch training
@@ -223,7 +223,8 @@ def _undivided(phase: Setup) -> float:
 def smallest_cluster(states: States, acts: Activations, gpu: Gpu, table: GpuTable | None = None,
                      others: tuple[Phase, ...] = ()) -> tuple[int | None, Setup]:
     """How many ``gpu`` cards ZeRO-3 (with checkpointing when the model has blocks) would need to
-    hold one sample per GPU, and that setup; ``(None, setup at 64)`` when no number would: what
+    hold one sample per GPU, counted as the planner counts clusters (whole 8-GPU nodes past 8:
+    :func:`on_node_grid`), and that setup; ``(None, setup at 64)`` when no number would: what
     is not divided (buffers, framework, the gathered layer, one sample's activations) alone
     exceeds one card."""
     table = table or gpu_table()
@@ -248,4 +249,11 @@ def smallest_cluster(states: States, acts: Activations, gpu: Gpu, table: GpuTabl
         n += 1
     while n > 2 and holds(n - 1):
         n -= 1
+    n = on_node_grid(n)
     return n, footprint(states, acts, "zero3", n, checkpoint, others)
+
+
+def on_node_grid(n: int) -> int:
+    """``n`` GPUs as the planner counts them (:data:`GPU_COUNTS`, and on past 64): 1 to 8 in one
+    node, then whole 8-GPU nodes (``21`` -> ``24``)."""
+    return n if n <= GPUS_PER_NODE else -(-n // GPUS_PER_NODE) * GPUS_PER_NODE
