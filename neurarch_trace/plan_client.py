@@ -47,6 +47,9 @@ from neurarch_trace.text import one_line, wait_text
 __all__ = [
     "DEFAULT_API",
     "DEFAULT_TIMEOUT",
+    "GPU_COUNT",
+    "MAX_GPUS",
+    "MAX_USD_PER_HOUR",
     "PlanConnectionError",
     "PlanError",
     "PlanRateLimitError",
@@ -372,6 +375,16 @@ def request_plan(
     return _parse_answer(response, host=host, share=bool(share))
 
 
+#: The most GPUs a plan puts in one cluster (eight 8-GPU nodes) and the highest price per GPU-hour
+#: the plan API takes: the reference service refuses more (``neurarch_trace/planner/gpus.py``,
+#: ``MAX_GPUS``; ``neurarch_trace/server/schemas.py``), so a front end says so before anything is
+#: traced or sent.
+MAX_GPUS = 64
+MAX_USD_PER_HOUR = 10_000
+#: A count at the end of a ``gpu`` value: ``H100x8``, ``RTX 4090 x 2``, ``A100×4``.
+GPU_COUNT = re.compile(r".+?\s*[x\u00d7*]\s*(\d+)", flags=re.IGNORECASE)
+
+
 def check_plan_options(options: Mapping[str, Any]) -> None:
     """Check the sizing options (``seq_len``, ``attention``, ``finetune``, ``context``, ``gpu``,
     ``usd_per_hour``; a missing one is None) as :func:`request_plan` checks them.
@@ -397,9 +410,13 @@ def _check_options(options: dict) -> None:
         raise ValueError(f"context must be a positive int, got {context!r}")
     if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
         raise ValueError(f"gpu must be a card name such as H100 or H100x8, got {gpu!r}")
+    count = GPU_COUNT.fullmatch(gpu.strip()) if gpu is not None else None
+    if count and not 1 <= int(count.group(1)) <= MAX_GPUS:
+        raise ValueError(f"gpu {gpu.strip()!r} asks for {int(count.group(1)):,} cards; a plan uses 1 to {MAX_GPUS}")
     if usd_per_hour is not None and (isinstance(usd_per_hour, bool) or not isinstance(usd_per_hour, (int, float))
-                                     or not math.isfinite(usd_per_hour) or usd_per_hour <= 0):
-        raise ValueError(f"usd_per_hour must be a positive number, got {usd_per_hour!r}")
+                                     or not math.isfinite(usd_per_hour) or not 0 < usd_per_hour <= MAX_USD_PER_HOUR):
+        raise ValueError(f"usd_per_hour must be a positive number of at most {MAX_USD_PER_HOUR:,}, "
+                         f"got {usd_per_hour!r}")
 
 
 def _graph_dict(graph: Any, what: str) -> dict:

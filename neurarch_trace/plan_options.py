@@ -18,7 +18,14 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from neurarch_trace.contract import layer_count, read_graph
 from neurarch_trace.errors import NeurarchError
-from neurarch_trace.plan_client import ATTENTION_KINDS, FINETUNE_MODES, check_api
+from neurarch_trace.plan_client import (
+    ATTENTION_KINDS,
+    FINETUNE_MODES,
+    GPU_COUNT,
+    MAX_GPUS,
+    MAX_USD_PER_HOUR,
+    check_api,
+)
 from neurarch_trace.text import plural
 
 __all__ = [
@@ -89,17 +96,24 @@ def _price(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of dollars per GPU-hour") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text} is not a positive price per GPU-hour")
+    if value > MAX_USD_PER_HOUR:
+        raise argparse.ArgumentTypeError(f"${value:,g} per GPU-hour is more than the plan API takes (at most "
+                                         f"${MAX_USD_PER_HOUR:,}); give the price of one GPU for one hour")
     return value
 
 
 def _gpu(text: str) -> str:
-    """A ``--gpu`` value: a card name, with ``xN`` for N of them. Which names exist, and how many
-    cards a plan may use, is the service's table; a count of 0 is refused here, before a trace. (A
-    minus after the x may be part of a name, ``RTX-4090``: the service tells a negative count.)"""
+    """A ``--gpu`` value: a card name, with ``xN`` for N of them. Which names exist is the service's
+    table; a count of 0 or above :data:`MAX_GPUS` is refused here, before a trace. (A minus after
+    the x may be part of a name, ``RTX-4090``: the service tells a negative count.)"""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} names no card: give one such as H100, H100x8 or RTX-4090")
     if re.fullmatch(r".+?\s*[x\u00d7*]\s*0+", text.strip(), flags=re.IGNORECASE):
         raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for 0 cards: give 1 or more after the x, e.g. H100x8")
+    count = GPU_COUNT.fullmatch(text.strip())
+    if count and int(count.group(1)) > MAX_GPUS:
+        raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for {int(count.group(1)):,} cards; a plan uses 1 to "
+                                         f"{MAX_GPUS} (eight 8-GPU nodes): give fewer after the x, e.g. H100x64")
     return text.strip()
 
 

@@ -408,6 +408,39 @@ def test_a_gpu_count_of_0_is_one_line_and_nothing_is_sent(
     assert accepted_connections(listening_socket) == 0
 
 
+@pytest.mark.parametrize(("option", "value", "said"), [
+    ("--gpu", "H100x65", "argument --gpu: 'H100x65' asks for 65 cards; a plan uses 1 to 64 (eight 8-GPU nodes): "
+                         "give fewer after the x, e.g. H100x64"),
+    ("--usd-per-hour", "123456", "argument --usd-per-hour: $123,456 per GPU-hour is more than the plan API takes "
+                                 "(at most $10,000); give the price of one GPU for one hour"),
+])
+def test_a_gpu_count_or_price_beyond_the_api_is_one_line_and_nothing_is_sent(
+    listening_socket: socket.socket, tmp_path: Path, small_file, option: str, value: str, said: str
+) -> None:
+    # a new-user pass: both were refused only by the service, after the graph had been sent
+    path, _ = small_file
+    done = run_cli(["plan", path.name, "--gpu", "RTX-4090", option, value], tmp_path, api=url_of(listening_socket))
+    assert (done.returncode, done.stdout) == (1, "")
+    assert stderr_lines(done) == [f"neurarch-trace: {said} (see neurarch-trace plan --help)"]
+    assert accepted_connections(listening_socket) == 0
+
+
+def test_the_command_lines_limits_are_the_services() -> None:
+    from neurarch_trace import plan_client, plan_options
+    from neurarch_trace.planner.gpus import MAX_GPUS
+    from neurarch_trace.server.schemas import PlanRequest
+
+    assert plan_client.MAX_GPUS == MAX_GPUS
+    limits = {type(m).__name__: m for m in PlanRequest.model_fields["usd_per_hour"].metadata}
+    assert plan_client.MAX_USD_PER_HOUR == limits["Le"].le
+    # and Python's plan client (the magic's r.request_plan too) refuses both before sending
+    for options in ({"gpu": "H100x65"}, {"gpu": "H100", "usd_per_hour": 10_001.0}):
+        with pytest.raises(ValueError, match="at most|1 to 64"):
+            plan_client.check_plan_options(options)
+    tokens = next(m.le for m in PlanRequest.model_fields["seq_len"].metadata if hasattr(m, "le"))
+    assert plan_options.MAX_TOKENS == tokens
+
+
 def test_plan_usage_error_is_one_line_exit_1(tmp_path: Path) -> None:
     done = run_cli(["plan"], tmp_path)
     assert (done.returncode, done.stdout) == (1, "")

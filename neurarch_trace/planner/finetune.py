@@ -324,7 +324,8 @@ def tuning(a: Analysis, blocks: Blocks, mode: str = "full", rank: int = DEFAULT_
     states = States(
         weights=base + trainable * WEIGHT16_BYTES, master=trainable * MASTER_WEIGHT_BYTES,
         gradients=trainable * GRADIENT_BYTES, zero_gradients=trainable * ZERO_GRADIENT_BYTES,
-        ddp_buckets=trainable * GRADIENT_BYTES, optimizer=trainable * ADAMW_BYTES, buffers=_state(a, "buffers") + _state(a, "other"),
+        ddp_buckets=trainable * GRADIENT_BYTES, optimizer=trainable * ADAMW_BYTES,
+        buffers=_state(a, "buffers") + _state(a, "other"),
         framework=_state(a, "framework"),
         gather=blocks.largest_layer_params * FROZEN_BYTES, extra=largest_q * WEIGHT16_BYTES,
     )
