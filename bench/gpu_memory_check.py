@@ -338,6 +338,7 @@ def predict(cases: list[dict], gpu_id: str, shrink: bool = False) -> dict:
     from neurarch_trace.planner.gpus import gpu_table
     from neurarch_trace.planner.memory import FRAMEWORK_ALLOWANCE_BYTES
     from neurarch_trace.planner.serve import kv_layout, step_bytes, weight_bytes
+    from neurarch_trace.planner.steptime import step_operators, step_time
     from neurarch_trace.planner.strategy import footprint
 
     if DEFAULT_RANK != LORA_RANK:
@@ -392,12 +393,15 @@ def predict(cases: list[dict], gpu_id: str, shrink: bool = False) -> dict:
                 for line in a.memory.phases:
                     phases[line.phase] = max(phases.get(line.phase, 0.0), line.bytes(c["batch"]))
                 row["predictedPhasesGb"] = {k: (v - FRAMEWORK_ALLOWANCE_BYTES) / GB for k, v in phases.items()}
+            recipe = "qloraKbit" if c.get("kbit") else step.mode
+            operators = step_operators(traced[key].get("measured", {}).get("training")).count(recipe, c["checkpoint"])
+            timed = step_time(step.train_flops(c["checkpoint"]), c["batch"], gpu, a.mfu, operators)
             row.update(predictedGb=(setup.peak_bytes(c["batch"]) - FRAMEWORK_ALLOWANCE_BYTES) / GB,
                        predictedStateGb=(phase.static_bytes - FRAMEWORK_ALLOWANCE_BYTES) / GB,
                        predictedPerSampleGb=phase.per_sample_bytes / GB,
                        trainFlops=step.train_flops(c["checkpoint"]) * c["batch"], mfu=a.mfu,
-                       predictedStepS=step.train_flops(c["checkpoint"]) * c["batch"] / (gpu.peak_tflops * 1e12 * a.mfu),
-                       trainable=step.trainable)
+                       predictedStepS=timed.seconds, predictedComputeS=timed.compute,
+                       predictedDispatchS=timed.dispatch, operators=operators, trainable=step.trainable)
         out.append(row)
     import transformers
     return {"gpu": gpu.id, "peakTflops": gpu.peak_tflops, "frameworkAllowanceGb": FRAMEWORK_ALLOWANCE_BYTES / GB,
@@ -723,8 +727,8 @@ def report(predicted: dict, rows_path: Path) -> dict:
 def table(result: dict) -> str:
     """README's table (markdown)."""
     head = ("| model | step | batch x tokens | predicted peak | measured peak | ratio | card / device | reserved | "
-            "step time | MFU (plan assumes) |")
-    lines = [head, "|" + "---|" * 10]
+            "step time | predicted step | time ratio | MFU (plan assumes) |")
+    lines = [head, "|" + "---|" * 12]
     for r in result["rows"]:
         shape = f"{r['batch']} x {r['tokens']}" if r.get("tokens") else f"{r['batch']}"
         if r.get("traced") and r["traced"] != r.get("tokens") and r["mode"] != "serve":
@@ -735,18 +739,41 @@ def table(result: dict) -> str:
                 + (" + ckpt" if r["checkpoint"] else "") + (", eager" if r.get("attention") == "eager" else ""))
         if r.get("oom"):
             got = "out of memory"
-            lines.append(f"| {r['label']} | {mode} | {shape} | {r['predictedGb']:.2f} GB | {got} | | | | | |")
+            lines.append(f"| {r['label']} | {mode} | {shape} | {r['predictedGb']:.2f} GB | {got} | | | | | | | |")
             continue
         if r.get("error"):
-            lines.append(f"| {r['label']} | {mode} | {shape} | {r['predictedGb']:.2f} GB | error | | | | | |")
+            lines.append(f"| {r['label']} | {mode} | {shape} | {r['predictedGb']:.2f} GB | error | | | | | | | |")
             continue
         mfu = f"{r['measuredMfu']:.0%} ({r['mfu']:.0%})" if r.get("measuredMfu") is not None else ""
         card = f"{r['cardRatio']:.3f}x" if r.get("cardRatio") else ""
         got = (f"{r['measuredGb']:.2f} GB | {r['peakRatio']:.3f}x | {card} | {r['reservedGb']:.2f} GB"
                if r.get("measuredGb") else "| | |")  # a CPU dry run measures no memory
+        step = ""
+        if r.get("predictedStepS"):
+            bound = "dispatch" if r.get("predictedDispatchS", 0) > r.get("predictedComputeS", 0) else "compute"
+            step = f"{r['predictedStepS'] * 1e3:.0f} ms ({bound}) | {r['timeRatio']:.2f}x"
+        else:
+            step = "|"
         lines.append(f"| {r['label']} | {mode} | {shape} | {r['predictedGb']:.2f} GB | {got} | "
-                     f"{r['stepS'] * 1e3:.0f} ms | {mfu} |")
+                     f"{r['stepS'] * 1e3:.0f} ms | {step} | {mfu} |")
     return "\n".join(lines)
+
+
+def time_summary(results: list[dict]) -> str:
+    """The step-time model over every training row of ``results`` (``report`` outputs): the range
+    and median of predicted / measured, before (compute alone, at the plan's MFU) and now (the
+    longer of compute and eager dispatch, ``planner/steptime.py``), and how many rows' measured
+    step was shorter than their predicted dispatch alone (the floor undercut)."""
+    rows = {r["id"]: r for result in results for r in result["rows"] if r.get("timeRatio") and r.get("stepS")}
+    if not rows:
+        return "no timed training rows"
+    now = sorted(r["timeRatio"] for r in rows.values())
+    before = sorted(r["predictedComputeS"] / r["stepS"] for r in rows.values() if r.get("predictedComputeS"))
+    undercut = [i for i, r in rows.items() if r.get("predictedDispatchS", 0) > r["stepS"]]
+    return (f"{len(rows)} training steps: predicted / measured {now[0]:.2f} to {now[-1]:.2f}, median "
+            f"{statistics.median(now):.2f} (compute alone: {before[0]:.2f} to {before[-1]:.2f}, median "
+            f"{statistics.median(before):.2f}); dispatch floor above the measured step on {len(undercut)} "
+            f"row(s){': ' + ', '.join(undercut) if undercut else ''}")
 
 
 def main() -> None:
@@ -766,6 +793,8 @@ def main() -> None:
     m.add_argument("--shrink", action="store_true")
     m.add_argument("--snapshot", action="store_true",
                    help="record the measured step's allocations and report what is alive at its peak, by call site")
+    t = sub.add_parser("times", help="the step-time model over several reports (gpu_check*.json)")
+    t.add_argument("reports", nargs="+")
     r = sub.add_parser("report", help="predictions and measurements side by side")
     r.add_argument("--cases", required=True)
     r.add_argument("--rows", required=True)
@@ -786,6 +815,8 @@ def main() -> None:
         predicted = json.loads(Path(args.cases).read_text())
         measure(predicted["cases"], Path(args.out), torch.device(args.device), args.steps,
                 args.shrink or predicted.get("shrunk", False), args.snapshot)
+    elif args.command == "times":
+        print(time_summary([json.loads(Path(p).read_text()) for p in args.reports]))
     else:
         result = report(json.loads(Path(args.cases).read_text()), Path(args.rows))
         if args.out:

@@ -234,11 +234,20 @@ def _gpu_hours(hours: float) -> str:
     return f"{hours:.1f} GPU-h" if hours < 100 else f"{hours:,.0f} GPU-h"
 
 
+def _speed(training: Mapping[str, Any]) -> str:
+    """What the time assumes: the utilisation of the card's peak, or, when the step's eager dispatch
+    takes longer than its compute (:mod:`.steptime`), the operators that bound it."""
+    if training.get("bound") == "dispatch":
+        return (f"in {training['stepSeconds'] * 1e3:,.0f} ms steps of {training['stepBatch']:,}, bound by "
+                f"{training['operators']:,} eager operators x {training['operatorSeconds'] * 1e6:g} us")
+    return f"at {training['mfu']:.0%} of {training['peakTflops']:g} TFLOPS {training['precision']}"
+
+
 def _cluster_cost_rows(training: Mapping[str, Any]) -> List[str]:
     """Cost on several GPUs, or on a card without a price, or with recompute."""
     gpu, n = training["gpu"], training.get("gpus", 1)
     where = f"{n}x {gpu}" if n > 1 else f"{_article(gpu)} {gpu}"
-    speed = f"at {training['mfu']:.0%} of {training['peakTflops']:g} TFLOPS {training['precision']}"
+    speed = _speed(training)
     time = units.duration(training["seconds"]) + (f" on {n} GPUs" if n > 1 else "")
     gpu_hours = _gpu_hours(training["gpuHours"])
     recompute = [f"{training['flopsFactor']:.3g}x forward FLOPs with the recompute"] if training.get("recompute") \
@@ -264,9 +273,7 @@ def _cost_rows(model: Mapping[str, Any], training: Optional[Mapping[str, Any]]) 
     gpu = training["gpu"]
     price = units.usd(training["usd"])
     value = f"{price if price.startswith('<') else '~' + price} {training['per']} on {_article(gpu)} {gpu}"
-    detail = (f"{units.duration(training['seconds'])} at {training['mfu']:.0%} of "
-              f"{training['peakTflops']:g} TFLOPS {training['precision']}, "
-              f"${training['usdPerHour']:.2f}/h")
+    detail = f"{units.duration(training['seconds'])} {_speed(training)}, ${training['usdPerHour']:.2f}/h"
     return _row("Training cost", value, detail)
 
 

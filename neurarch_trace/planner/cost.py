@@ -19,6 +19,13 @@ On N GPUs (:func:`cluster_cost`) the same FLOPs are spread over N cards::
 with the same MFU on N GPUs as on one (:data:`CLUSTER_SCALING`), and ``train FLOPs`` given by the
 training mode (3 x forward for full training, 4 x with activation checkpointing; 2 x for LoRA's
 frozen base: :mod:`neurarch_trace.planner.finetune`).
+
+Given the batch per GPU and the operators the rehearsed step dispatches, each step takes the longer
+of its compute and its eager dispatch (:mod:`neurarch_trace.planner.steptime`)::
+
+    GPU-hours = samples / batch per GPU x max(compute, dispatch) per step / 3600
+
+which is the formula above whenever compute takes longer.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 
 from neurarch_trace.contract import CONV_TYPES  # the layer types whose FLOPs count as convolution work
 from neurarch_trace.planner.gpus import Gpu
+from neurarch_trace.planner.steptime import StepTime, step_time
 from neurarch_trace.planner.workload import Workload
 
 __all__ = [
@@ -147,7 +155,8 @@ def training_cost(flops_per_sample: float, unit: Unit, gpu: Gpu | None, mfu: flo
 class ClusterCost:
     """One ``unit`` of training on ``gpus`` x ``gpu``: ``flops`` (training FLOPs, recompute
     included), ``gpu_seconds`` (summed over the GPUs), ``seconds`` (wall clock), ``usd`` (``None``
-    when the card has no price) and the ``flops_factor`` (training FLOPs per forward FLOP)."""
+    when the card has no price), the ``flops_factor`` (training FLOPs per forward FLOP) and the
+    ``step`` it was timed by (``None``: no batch given, compute alone)."""
 
     unit: Unit
     gpu: Gpu
@@ -158,16 +167,24 @@ class ClusterCost:
     usd: float | None
     mfu: float
     flops_factor: float
+    step: StepTime | None = None
 
 
 def cluster_cost(train_flops_per_sample: float, unit: Unit, gpu: Gpu, gpus: int = 1, mfu: float = MFU,
-                 forward_flops_per_sample: float | None = None) -> ClusterCost:
+                 forward_flops_per_sample: float | None = None, batch: int | None = None,
+                 operators: int | None = None) -> ClusterCost:
     """The cost of one ``unit`` on ``gpus`` cards of ``gpu``, at ``mfu`` x :data:`CLUSTER_SCALING`
     of each card's peak; ``train_flops_per_sample`` counts forward, backward and any recompute.
-    ``forward_flops_per_sample`` only sets the reported ``flops_factor``."""
+    ``forward_flops_per_sample`` only sets the reported ``flops_factor``. With ``batch`` (samples
+    per GPU per step), in steps that each take the longer of their compute and the dispatch of
+    ``operators`` (:func:`~neurarch_trace.planner.steptime.step_time`; ``None``: compute alone)."""
     flops = train_flops_per_sample * unit.samples
     gpu_seconds = flops / (gpu.peak_tflops * 1e12 * mfu * CLUSTER_SCALING)
+    step = None
+    if batch is not None:
+        step = step_time(train_flops_per_sample, batch, gpu, mfu, operators, CLUSTER_SCALING)
+        gpu_seconds = max(gpu_seconds, unit.samples / batch * step.seconds)
     usd = None if gpu.usd_per_hour is None else gpu_seconds / 3600 * gpu.usd_per_hour
     factor = train_flops_per_sample / forward_flops_per_sample if forward_flops_per_sample else float(BACKWARD_FACTOR)
     return ClusterCost(unit=unit, gpu=gpu, gpus=gpus, flops=flops, gpu_seconds=gpu_seconds,
-                       seconds=gpu_seconds / gpus, usd=usd, mfu=mfu, flops_factor=factor)
+                       seconds=gpu_seconds / gpus, usd=usd, mfu=mfu, flops_factor=factor, step=step)

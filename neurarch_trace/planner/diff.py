@@ -27,6 +27,7 @@ from neurarch_trace.planner.blocks import find_blocks
 from neurarch_trace.planner.cost import Unit, cluster_cost
 from neurarch_trace.planner.finetune import activations_label, tuning
 from neurarch_trace.planner.sizing import Sizing
+from neurarch_trace.planner.steptime import step_operators
 from neurarch_trace.planner.strategy import footprint
 
 __all__ = ["diff", "layer_changes"]
@@ -165,8 +166,10 @@ def diff(new: Analysis, base: Analysis, sized: Sizing, unit: Unit) -> Dict[str, 
     if choice is None:  # the card prices no setup that does not fit
         return out
     base_train = step.flops_checkpointed if checkpoint else step.flops
-    new_cost = cluster_cost(choice.train_flops, unit, gpu, setup.gpus, new.mfu)
-    base_cost = cluster_cost(base_train, unit, gpu, setup.gpus, base.mfu)
+    new_ops = step_operators(new.graph.measured.get("training")).count(sized.tuning.mode, setup.checkpoint)
+    base_ops = step_operators(base.graph.measured.get("training")).count(step.mode, checkpoint)
+    new_cost = cluster_cost(choice.train_flops, unit, gpu, setup.gpus, new.mfu, batch=batch, operators=new_ops)
+    base_cost = cluster_cost(base_train, unit, gpu, setup.gpus, base.mfu, batch=batch, operators=base_ops)
     if new_cost.usd is not None and base_cost.usd is not None:
         out["costUsd"] = {**_delta(base_cost.usd, new_cost.usd), "unit": unit.key, "per": unit.phrase,
                           "gpu": gpu.id, "gpus": setup.gpus}

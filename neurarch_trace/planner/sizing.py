@@ -16,6 +16,7 @@ from neurarch_trace.planner.finetune import DEFAULT_RANK, MODES, Tuning, tuning
 from neurarch_trace.planner.fit import Choice, choose, largest_batch, smallest_cluster
 from neurarch_trace.planner.gpus import Gpu, GpuRequest, GpuTable, gpu_table, parse_gpu
 from neurarch_trace.planner.serve import Serve, serve_all
+from neurarch_trace.planner.steptime import step_operators
 from neurarch_trace.planner.strategy import Setup, footprint
 
 __all__ = ["MAX_CONTEXT", "MAX_USD_PER_HOUR", "OptionError", "Options", "Sizing", "check_options", "sizing"]
@@ -122,8 +123,9 @@ def sizing(a: Analysis, options: Options, table: GpuTable | None = None) -> Sizi
     mfu = a.mfu
     cost = None
     if choice is not None:
+        operators = step_operators(a.graph.measured.get("training")).count(step.mode, choice.setup.checkpoint)
         cost = cluster_cost(choice.train_flops, training_unit(a.work), choice.gpu, choice.gpus, mfu,
-                            a.flops_per_sample)
+                            a.flops_per_sample, choice.batch, operators)
     needs = None
     if choice is None:
         largest = cards[0] if options.gpu is not None else table.largest

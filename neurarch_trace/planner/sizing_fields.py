@@ -18,6 +18,7 @@ from neurarch_trace.planner.gpus import gpu_table
 from neurarch_trace.planner.memory import FRAMEWORK_ALLOWANCE_BYTES
 from neurarch_trace.planner.serve import Serve
 from neurarch_trace.planner.sizing import Sizing
+from neurarch_trace.planner.steptime import EAGER_OPERATOR_SECONDS, StepTime
 from neurarch_trace.planner.strategy import Setup, footprint, strategy_text
 from neurarch_trace.text import plural
 
@@ -131,8 +132,18 @@ def _training(a: Analysis, s: Sizing) -> dict[str, Any] | None:
         "usdPerHour": cost.gpu.usd_per_hour, "peakTflops": cost.gpu.peak_tflops, "precision": cost.gpu.precision,
         "mfu": cost.mfu, "backwardFactor": backward, "gpus": cost.gpus, "gpuHours": cost.gpu_seconds / 3600,
         "clusterUsdPerHour": c.hourly, "flopsFactor": cost.flops_factor, "recompute": c.setup.checkpoint,
-        "strategy": c.setup.label, "mode": s.tuning.mode,
+        "strategy": c.setup.label, "mode": s.tuning.mode, **_step_fields(cost.step),
     }
+
+
+def _step_fields(step: StepTime | None) -> dict[str, Any]:
+    """``plan.cost.training``'s step: its batch per GPU, seconds, the compute and the eager
+    dispatch behind them, the operators counted and which bound it (:mod:`.steptime`)."""
+    if step is None:
+        return {}
+    return {"stepBatch": step.batch, "stepSeconds": step.seconds, "computeSeconds": step.compute,
+            "dispatchSeconds": step.dispatch, "operators": step.operators, "bound": step.bound,
+            "operatorSeconds": EAGER_OPERATOR_SECONDS}
 
 
 def cost_fields(a: Analysis, s: Sizing, attention: str | None, legacy_assumptions: str | None) -> dict[str, Any]:

@@ -100,11 +100,12 @@ def _peak(run: Run) -> int:
     return max((sum(point) for point in run.points), default=0)
 
 
-def _growth(rehearsal: Rehearsal, batch: int, tokens: int | None, checkpoint: bool) -> float:
-    """Bytes the step's peak grows by per sample, from runs at ``batch`` and ``2 x batch``."""
+def _growth(rehearsal: Rehearsal, batch: int, tokens: int | None, checkpoint: bool) -> tuple[float, int]:
+    """Bytes the step's peak grows by per sample, from runs at ``batch`` and ``2 x batch``, and
+    the aten operations the step dispatches (:attr:`Run.operators`)."""
     one = rehearsal.run(batch, tokens, layers=False, checkpoint=checkpoint)
     two = rehearsal.run(2 * batch, tokens, layers=False, checkpoint=checkpoint)
-    return round(max(0, _peak(two) - _peak(one)) / batch, 3)
+    return round(max(0, _peak(two) - _peak(one)) / batch, 3), one.operators
 
 
 def _checkpointed_step(rehearsal: Rehearsal, batch: int, tokens: int | None, traced: int) -> dict[str, Any] | None:
@@ -120,7 +121,8 @@ def _checkpointed_step(rehearsal: Rehearsal, batch: int, tokens: int | None, tra
     except Exception:  # noqa: BLE001 - the plain step stands; the plan falls back to its formula
         return None
     fitted = combine(one, two, None, None, batch=traced)
-    return {key: fitted[key] for key in ("batchSizes", "peakPhase", "stateBytes", "activationBytesPerSample", "peaks")}
+    return {key: fitted[key] for key in ("batchSizes", "peakPhase", "stateBytes", "activationBytesPerSample", "peaks",
+                                         "operators")}
 
 
 def _adapter_steps(model: nn.Module, plan: InputPlan, batch: int, tokens: int | None,
@@ -142,9 +144,11 @@ def _adapter_steps(model: nn.Module, plan: InputPlan, batch: int, tokens: int | 
             continue
         try:
             rehearsal = Rehearsal(model, plan, recipe=recipe)
-            steps[recipe.name] = {"perSampleBytes": _growth(rehearsal, batch, tokens, False)}
+            grows, operators = _growth(rehearsal, batch, tokens, False)
+            steps[recipe.name] = {"perSampleBytes": grows, "operators": operators}
             if checkpointed:
-                steps[recipe.name]["checkpointedPerSampleBytes"] = _growth(rehearsal, batch, tokens, True)
+                grows, operators = _growth(rehearsal, batch, tokens, True)
+                steps[recipe.name].update(checkpointedPerSampleBytes=grows, checkpointedOperators=operators)
         except Exception:  # noqa: BLE001 - the plan sizes what is missing from full training instead
             continue
     return {"rank": RANK, "layers": len(layers), **steps} if steps else None

@@ -194,6 +194,7 @@ def combine(r1: Run, r2: Run | None, r3: Run | None, r4: Run | None = None, *,
         "seqSquaredBytesPerSample": round(sum(head.get("seqSquaredBytes", {}).values()), 3) if fit.squares else None,
         "savedBytesPerSample": round(saved, 3),
         "peaks": peaks,
+        "operators": r1.operators,
     }
     fraction = _flops_seq_squared(r1, r3)
     if fraction is not None:

@@ -72,6 +72,8 @@ class Run:
     #: the part of ``cache_bytes`` autograd saved for backward too (a value tensor the attention
     #: kernel saves as it is), which a step without the cache keeps through the forward as well
     cache_saved_bytes: int = 0
+    #: aten operations the step dispatched (:attr:`StorageTracker.operators`)
+    operators: int = 0
 
 
 class InputPlan:
@@ -508,5 +510,5 @@ class Rehearsal:
                 p.grad = None
         run = Run(batch=batch, tokens=tokens, points=tracker.curve(), phases=tracker.phase_of_points(),
                   saved=layers.saved, saved_total=layers.total, flops=flops[0], attention=attention, loss=loss_info,
-                  cache_bytes=cache_bytes, cache_saved_bytes=cache_saved)
+                  cache_bytes=cache_bytes, cache_saved_bytes=cache_saved, operators=tracker.operators)
         return run, stepped

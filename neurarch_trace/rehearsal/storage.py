@@ -92,6 +92,10 @@ class StorageTracker(TorchDispatchMode):
         self._pending: tuple[_Record, _Record, int, int] | None = None
         self._interrupted = False
         self._old_handler: Any = None
+        #: aten operations dispatched since the setup phase ended (the step's forward, loss,
+        #: backward and optimizer step; views and casts included): what eager PyTorch's CPU side
+        #: pays for, one call at a time, whatever the batch
+        self.operators = 0
 
     # --- phases and kinds ---------------------------------------------------------------------
     def start(self, phase: str) -> None:
@@ -159,6 +163,8 @@ class StorageTracker(TorchDispatchMode):
         if self._interrupted:
             raise KeyboardInterrupt
         kwargs = kwargs or {}
+        if self.phase != "setup":
+            self.operators += 1
         if func is _LOCAL_SCALAR and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
             return self._scalar(args[0])
         out = self._cache.call(func, args, kwargs) if self._cache is not None else func(*args, **kwargs)
