@@ -125,3 +125,15 @@ def test_step_time_arithmetic() -> None:
     assert EAGER_OPERATOR_SECONDS == 12.9e-6
     with pytest.raises(ValueError, match="at least one sample"):
         step_time(1e6, 0, t4, MFU, 10)
+
+
+def test_a_diff_times_both_models_alike(lora_graph: dict) -> None:
+    # the same model, its base traced by an older tool (no operator counts): the cost delta is 0,
+    # both timed by compute alone, not one by its dispatch and the other without
+    old = copy.deepcopy(lora_graph)
+    del old["measured"]["training"]["operators"]
+    diff = make_plan(lora_graph, base=old, gpu="H100")["plan"]["diff"]
+    assert diff["costUsd"]["delta"] == 0.0
+    same = make_plan(lora_graph, base=copy.deepcopy(lora_graph), gpu="H100")["plan"]
+    assert same["diff"]["costUsd"]["delta"] == 0.0
+    assert same["diff"]["costUsd"]["new"] == pytest.approx(same["cost"]["training"]["usd"], rel=1e-12)
