@@ -50,6 +50,7 @@ __all__ = [
     "GPU_COUNT",
     "MAX_GPUS",
     "MAX_USD_PER_HOUR",
+    "NEGATIVE_GPU_COUNT",
     "PlanConnectionError",
     "PlanError",
     "PlanRateLimitError",
@@ -381,8 +382,11 @@ def request_plan(
 #: traced or sent.
 MAX_GPUS = 64
 MAX_USD_PER_HOUR = 10_000
-#: A count at the end of a ``gpu`` value: ``H100x8``, ``RTX 4090 x 2``, ``A100×4``.
-GPU_COUNT = re.compile(r".+?\s*[x\u00d7*]\s*(\d+)", flags=re.IGNORECASE)
+#: A count at the end of a ``gpu`` value: ``H100x8``, ``RTX 4090 x 2``, ``A100×4`` (ASCII digits).
+GPU_COUNT = re.compile(r"(?P<name>.+?)\s*[x\u00d7*]\s*([0-9]+)", flags=re.IGNORECASE)
+#: A negative count: ``H100x-1``, ``A100 x -2``; the x after a digit or a space, so that a name
+#: with a minus in it (``RTX-4090``) is not one.
+NEGATIVE_GPU_COUNT = re.compile(r".*?[0-9\s][x\u00d7*]\s*-[0-9]+|.+?\s[x\u00d7*]\s*-[0-9]+", flags=re.IGNORECASE)
 
 
 def check_plan_options(options: Mapping[str, Any]) -> None:
@@ -411,8 +415,10 @@ def _check_options(options: dict) -> None:
     if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
         raise ValueError(f"gpu must be a card name such as H100 or H100x8, got {gpu!r}")
     count = GPU_COUNT.fullmatch(gpu.strip()) if gpu is not None else None
-    if count and not 1 <= int(count.group(1)) <= MAX_GPUS:
-        raise ValueError(f"gpu {gpu.strip()!r} asks for {int(count.group(1)):,} cards; a plan uses 1 to {MAX_GPUS}")
+    if count and not 1 <= int(count.group(2)) <= MAX_GPUS:
+        raise ValueError(f"gpu {gpu.strip()!r} asks for {int(count.group(2)):,} cards; a plan uses 1 to {MAX_GPUS}")
+    if gpu is not None and NEGATIVE_GPU_COUNT.fullmatch(gpu.strip()):
+        raise ValueError(f"gpu {gpu.strip()!r} asks for a negative number of cards; a plan uses 1 to {MAX_GPUS}")
     if usd_per_hour is not None and (isinstance(usd_per_hour, bool) or not isinstance(usd_per_hour, (int, float))
                                      or not math.isfinite(usd_per_hour) or not 0 < usd_per_hour <= MAX_USD_PER_HOUR):
         raise ValueError(f"usd_per_hour must be a positive number of at most {MAX_USD_PER_HOUR:,}, "

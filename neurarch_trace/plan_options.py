@@ -24,6 +24,7 @@ from neurarch_trace.plan_client import (
     GPU_COUNT,
     MAX_GPUS,
     MAX_USD_PER_HOUR,
+    NEGATIVE_GPU_COUNT,
     check_api,
 )
 from neurarch_trace.text import plural
@@ -104,16 +105,20 @@ def _price(text: str) -> float:
 
 def _gpu(text: str) -> str:
     """A ``--gpu`` value: a card name, with ``xN`` for N of them. Which names exist is the service's
-    table; a count of 0 or above :data:`MAX_GPUS` is refused here, before a trace. (A minus after
-    the x may be part of a name, ``RTX-4090``: the service tells a negative count.)"""
+    table; a count of 0, one above :data:`MAX_GPUS`, or a negative one after a digit or a space
+    (``H100x-1``; in ``RTX-4090`` the minus is part of the name) is refused here, before a trace."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} names no card: give one such as H100, H100x8 or RTX-4090")
     if re.fullmatch(r".+?\s*[x\u00d7*]\s*0+", text.strip(), flags=re.IGNORECASE):
         raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for 0 cards: give 1 or more after the x, e.g. H100x8")
     count = GPU_COUNT.fullmatch(text.strip())
-    if count and int(count.group(1)) > MAX_GPUS:
-        raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for {int(count.group(1)):,} cards; a plan uses 1 to "
-                                         f"{MAX_GPUS} (eight 8-GPU nodes): give fewer after the x, e.g. H100x64")
+    if count and int(count.group(2)) > MAX_GPUS:
+        raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for {int(count.group(2)):,} cards; a plan uses 1 to "
+                                         f"{MAX_GPUS} (eight 8-GPU nodes): give fewer after the x, e.g. "
+                                         f"{count.group('name')}x{MAX_GPUS}")
+    if NEGATIVE_GPU_COUNT.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for a negative number of cards: give 1 to {MAX_GPUS} "
+                                         f"after the x, e.g. H100x8")
     return text.strip()
 
 

@@ -413,6 +413,10 @@ def test_a_gpu_count_of_0_is_one_line_and_nothing_is_sent(
                          "give fewer after the x, e.g. H100x64"),
     ("--usd-per-hour", "123456", "argument --usd-per-hour: $123,456 per GPU-hour is more than the plan API takes "
                                  "(at most $10,000); give the price of one GPU for one hour"),
+    ("--gpu", "L4x160", "argument --gpu: 'L4x160' asks for 160 cards; a plan uses 1 to 64 (eight 8-GPU nodes): "
+                        "give fewer after the x, e.g. L4x64"),
+    ("--gpu", "H100x-1", "argument --gpu: 'H100x-1' asks for a negative number of cards: give 1 to 64 after the x, "
+                         "e.g. H100x8"),
 ])
 def test_a_gpu_count_or_price_beyond_the_api_is_one_line_and_nothing_is_sent(
     listening_socket: socket.socket, tmp_path: Path, small_file, option: str, value: str, said: str

@@ -72,8 +72,14 @@ def test_each_rehearsed_step_has_its_own_count(lora_graph: dict) -> None:
     # checkpointing recomputes each layer's forward; LoRA adds its adapters' calls
     assert ops.count("full", True) > ops.count("full", False)
     assert ops.count("lora", False) > ops.count("full", False)
-    assert ops.count("qlora", False) is None  # not rehearsed for a LoRA trace
+    # a step not rehearsed takes the count of the step it adds operators to, a lower bound: QLoRA
+    # (not rehearsed for a LoRA trace) full training's, with checkpointing its checkpointed step's
+    assert ops.count("qlora", False) == ops.count("full", False)
+    assert ops.count("qlora", True) == ops.count("full", True)
+    no_ckpt = step_operators({k: v for k, v in training.items() if k != "checkpointed"})
+    assert no_ckpt.count("full", True) == ops.count("full", False)
     assert step_operators({"error": "no step"}).count("full", False) is None
+    assert step_operators({}).count("lora", True) is None
 
 
 def test_a_small_step_is_bound_by_its_dispatch_and_the_card_says_so(lora_graph: dict) -> None:
@@ -93,7 +99,7 @@ def test_a_small_step_is_bound_by_its_dispatch_and_the_card_says_so(lora_graph: 
                                                  rel=1e-12)
     assert training["usd"] == pytest.approx(training["gpuHours"] * 3.95, rel=1e-12)
     text = " ".join(line.strip("| ").strip() for line in out["text"].splitlines())
-    assert f"ms steps of {batch:,}, bound by {operators:,} eager operators x 12.9 us, $3.95/h" in text
+    assert f"ms steps at batch {batch:,}, bound by {operators:,} eager operators x 12.9 us, $3.95/h" in text
 
 
 def test_a_large_step_is_bound_by_its_compute(lora_graph: dict) -> None:
@@ -107,12 +113,19 @@ def test_a_large_step_is_bound_by_its_compute(lora_graph: dict) -> None:
     assert "at 40% of 989.4 TFLOPS bf16" in out["text"]
 
 
-def test_a_graph_without_operators_is_timed_by_compute_alone(lora_graph: dict) -> None:
+def test_a_graph_without_operators_is_timed_by_compute_alone_and_says_so(lora_graph: dict) -> None:
     old = copy.deepcopy(lora_graph)
-    del old["measured"]["training"]["operators"]
-    training = make_plan(old, gpu="H100")["plan"]["cost"]["training"]
-    assert (training["bound"], training["dispatchSeconds"], training["operators"]) == ("compute", 0.0, None)
+    for entry in (old["measured"]["training"], old["measured"]["training"]["checkpointed"],
+                  *old["measured"]["training"]["adapters"].values()):
+        if isinstance(entry, dict):
+            for key in ("operators", "checkpointedOperators"):
+                entry.pop(key, None)
+    out = make_plan(old, gpu="H100")
+    training = out["plan"]["cost"]["training"]
+    assert (training["bound"], training["dispatchSeconds"], training["operators"]) == (None, 0.0, None)
     assert training["stepSeconds"] == training["computeSeconds"]
+    assert "at 40% of 989.4 TFLOPS bf16 (eager dispatch not counted)" in " ".join(
+        line.strip("| ").strip() for line in out["text"].splitlines())
 
 
 def test_step_time_arithmetic() -> None:
@@ -121,7 +134,7 @@ def test_step_time_arithmetic() -> None:
     assert step.compute == pytest.approx(4e12 / (65e12 * 0.2)) and step.dispatch == pytest.approx(1_000 * 12.9e-6)
     assert (step.seconds, step.bound) == (step.compute, "compute")
     assert step_time(1e6, 1, t4, MFU, 1_000).bound == "dispatch"
-    assert step_time(1e6, 1, t4, MFU, None).dispatch == 0.0
+    assert step_time(1e6, 1, t4, MFU, None).dispatch == 0.0 and step_time(1e6, 1, t4, MFU, None).bound is None
     assert EAGER_OPERATOR_SECONDS == 12.9e-6
     with pytest.raises(ValueError, match="at least one sample"):
         step_time(1e6, 0, t4, MFU, 10)
@@ -132,8 +145,12 @@ def test_a_diff_times_both_models_alike(lora_graph: dict) -> None:
     # both timed by compute alone, not one by its dispatch and the other without
     old = copy.deepcopy(lora_graph)
     del old["measured"]["training"]["operators"]
-    diff = make_plan(lora_graph, base=old, gpu="H100")["plan"]["diff"]
-    assert diff["costUsd"]["delta"] == 0.0
+    out = make_plan(lora_graph, base=old, gpu="H100")
+    diff = out["plan"]["diff"]
+    assert diff["costUsd"]["delta"] == 0.0 and diff["costTiming"] == "compute"
+    assert "cost: both timed by compute alone (one graph has no operator counts" in " ".join(
+        line.strip("| ").strip() for line in out["text"].splitlines())
     same = make_plan(lora_graph, base=copy.deepcopy(lora_graph), gpu="H100")["plan"]
     assert same["diff"]["costUsd"]["delta"] == 0.0
     assert same["diff"]["costUsd"]["new"] == pytest.approx(same["cost"]["training"]["usd"], rel=1e-12)
+    assert "costTiming" not in same["diff"]

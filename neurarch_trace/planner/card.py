@@ -238,9 +238,12 @@ def _speed(training: Mapping[str, Any]) -> str:
     """What the time assumes: the utilisation of the card's peak, or, when the step's eager dispatch
     takes longer than its compute (:mod:`.steptime`), the operators that bound it."""
     if training.get("bound") == "dispatch":
-        return (f"in {training['stepSeconds'] * 1e3:,.0f} ms steps of {training['stepBatch']:,}, bound by "
-                f"{training['operators']:,} eager operators x {training['operatorSeconds'] * 1e6:g} us")
-    return f"at {training['mfu']:.0%} of {training['peakTflops']:g} TFLOPS {training['precision']}"
+        ms = training["stepSeconds"] * 1e3
+        return (f"in {ms:,.0f}" if ms >= 10 else f"in {ms:.2g}") + (
+            f" ms steps at batch {training['stepBatch']:,}, bound by {training['operators']:,} eager operators x "
+            f"{training['operatorSeconds'] * 1e6:g} us")
+    unknown = " (eager dispatch not counted)" if "bound" in training and training["bound"] is None else ""
+    return f"at {training['mfu']:.0%} of {training['peakTflops']:g} TFLOPS {training['precision']}{unknown}"
 
 
 def _cluster_cost_rows(training: Mapping[str, Any]) -> List[str]:
@@ -393,6 +396,9 @@ def _diff_caveats(diff: Mapping[str, Any]) -> List[str]:
     sources = diff.get("sources") or {}
     if sources and sources.get("base") != sources.get("new"):
         out.append(f"peaks: the new one {sources.get('new')}, the base's {sources.get('base')}")
+    if diff.get("costTiming") == "compute":
+        out.append("cost: both timed by compute alone (one graph has no operator counts: traced without "
+                   "the training step, or by an older tool)")
     steps = diff.get("activations") or {}
     if steps and steps.get("base") != steps.get("new") and steps.get("base") != "layer outputs":
         out.append(f"activations: the new one's {_ACTIVATIONS.get(steps.get('new'), steps.get('new'))}, "

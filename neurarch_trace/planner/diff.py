@@ -168,8 +168,9 @@ def diff(new: Analysis, base: Analysis, sized: Sizing, unit: Unit) -> Dict[str, 
     base_train = step.flops_checkpointed if checkpoint else step.flops
     new_ops = step_operators(new.graph.measured.get("training")).count(sized.tuning.mode, setup.checkpoint)
     base_ops = step_operators(base.graph.measured.get("training")).count(step.mode, checkpoint)
-    if new_ops is None or base_ops is None:  # like for like: a graph without counts is timed by compute alone
+    if (new_ops is None) != (base_ops is None):  # like for like: a graph without counts is timed by compute alone
         new_ops = base_ops = None
+        out["costTiming"] = "compute"
     new_cost = cluster_cost(choice.train_flops, unit, gpu, setup.gpus, new.mfu, batch=batch, operators=new_ops)
     base_cost = cluster_cost(base_train, unit, gpu, setup.gpus, base.mfu, batch=batch, operators=base_ops)
     if new_cost.usd is not None and base_cost.usd is not None:

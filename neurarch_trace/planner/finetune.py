@@ -180,14 +180,17 @@ def _states(a: Analysis, blocks: Blocks, phase: PhasePeak) -> States:
     """The states of one phase of the memory model as the strategies divide them, by kind (16-bit,
     frozen and packed weights together; optimizer moments and the step's temporaries together;
     buffers and other state together). The phase's gradients are those alive at its peak (none
-    before the backward); DDP's buckets and ZeRO's gradients are every trainable parameter's, in
-    every phase: :data:`GRADIENT_BYTES` (fp32, as autocast keeps them) and
-    :data:`ZERO_GRADIENT_BYTES` (16-bit, as ZeRO counts them) per trainable parameter."""
-    st, trainable = phase.state, a.counts.trainable
+    before the backward), and ZeRO's the same kept in 16 bits (:data:`ZERO_GRADIENT_BYTES` of
+    :data:`GRADIENT_BYTES`: a sharded engine makes each gradient shard as the backward reaches its
+    layer, and the optimizer step's phase holds them all); DDP's buckets are every trainable
+    parameter's gradient in every phase (fp32, as autocast keeps them): DDP allocates them when it
+    wraps the model."""
+    st = phase.state
     return States(
         weights=st.get("weights16", 0.0) + st.get("frozenWeights", 0.0),
         master=st.get("masterWeights", 0.0), gradients=st.get("gradients", 0.0),
-        zero_gradients=trainable * ZERO_GRADIENT_BYTES, ddp_buckets=trainable * GRADIENT_BYTES,
+        zero_gradients=st.get("gradients", 0.0) * ZERO_GRADIENT_BYTES / GRADIENT_BYTES,
+        ddp_buckets=a.counts.trainable * GRADIENT_BYTES,
         optimizer=st.get("optimizerMoments", 0.0) + st.get("optimizerTemporaries", 0.0),
         buffers=st.get("buffers", 0.0) + st.get("other", 0.0), framework=st.get("framework", 0.0),
         gather=blocks.largest_layer_params * (WEIGHT16_BYTES + ZERO_GRADIENT_BYTES),

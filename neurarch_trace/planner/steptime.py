@@ -54,11 +54,15 @@ class StepOperators:
 
     def count(self, recipe: str, checkpoint: bool) -> int | None:
         """The count for ``recipe`` (``full``, ``lora``, ``qlora``, ``qloraKbit``) with or without
-        checkpointing; ``None`` when that step was not rehearsed."""
+        checkpointing; ``None`` when no step was rehearsed. Where that step was not rehearsed but a
+        step it adds operators to was (the recipe's plain step under checkpointing, which recomputes;
+        full training under LoRA or QLoRA, which add adapters), that step's count, a lower bound."""
         if recipe == "full":
-            return self.checkpointed if checkpoint else self.full
+            return (self.checkpointed or self.full) if checkpoint else self.full
         plain, checkpointed = (self.adapters or {}).get(recipe, (None, None))
-        return checkpointed if checkpoint else plain
+        if checkpoint:
+            return checkpointed or plain or self.checkpointed or self.full
+        return plain or self.full
 
 
 def step_operators(training: Any) -> StepOperators:
@@ -99,8 +103,11 @@ class StepTime:
         return max(self.compute, self.dispatch)
 
     @property
-    def bound(self) -> str:
-        """``compute`` or ``dispatch``: which takes longer."""
+    def bound(self) -> str | None:
+        """``compute`` or ``dispatch``: which takes longer; ``None`` when the operators were not
+        counted (``seconds`` is then the compute alone, and may be short of the step)."""
+        if self.operators is None:
+            return None
         return "dispatch" if self.dispatch > self.compute else "compute"
 
 

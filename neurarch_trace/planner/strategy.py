@@ -66,10 +66,7 @@ class States:
     ``buffers``, ``framework`` (per GPU), ``extra`` (per GPU: a QLoRA dequantisation buffer),
     ``gather`` (ZeRO-3's one gathered layer) and ``ddp_buckets`` (DDP's all-reduce buckets: every
     trainable parameter's gradient, as autocast keeps them, allocated when DDP wraps the model and
-    held in every phase, where ``gradients`` are the ones alive at the phase's peak).
-
-    ``zero_gradients`` is ZeRO's static count, every trainable parameter's (section 3.1 counts
-    them in every phase of the step), not the phase's."""
+    held in every phase, where ``gradients`` are the ones alive at the phase's peak)."""
 
     weights: float
     master: float
