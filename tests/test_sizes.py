@@ -503,6 +503,14 @@ def test_owned_cards_fit_and_batch_and_cost_only_with_a_price(llama7b: dict[str,
     assert training["usd"] is None and training["gpuHours"] > 0
     text = make_plan(llama7b, finetune="qlora", gpu="rtx 4090")["text"].splitlines()
     assert row("Training cost", "n/a: RTX-4090 has no list price; give") in text
+    # on several such cards the card gives the wall-clock time too (a new-user pass: it gave GPU-hours alone)
+    two = make_plan(llama7b, finetune="qlora", gpu="RTX-4090x2")
+    hours = two["plan"]["cost"]["training"]["hours"]
+    assert "on 2 GPUs," in " ".join(line.strip("| ").strip() for line in two["text"].splitlines())
+    assert hours == pytest.approx(two["plan"]["cost"]["training"]["gpuHours"] / 2, rel=1e-12)
+    # a price under a cent is printed as given, not as $0.00
+    cheap = make_plan(llama7b, finetune="qlora", gpu="RTX-4090", usd_per_hour=0.0012)["text"]
+    assert "$0.0012/h" in cheap and "$0.00/h" not in cheap
     priced = plan_of(llama7b, finetune="qlora", gpu="RTX-4090", usd_per_hour=0.35)["cost"]["training"]
     assert priced["usd"] == pytest.approx(priced["gpuHours"] * 0.35, rel=1e-12)
     # the 4090's dense bf16 rate with fp32 accumulate, 165.2 TFLOPS, at 40%

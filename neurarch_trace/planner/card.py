@@ -234,6 +234,11 @@ def _gpu_hours(hours: float) -> str:
     return f"{hours:.1f} GPU-h" if hours < 100 else f"{hours:,.0f} GPU-h"
 
 
+def _hourly(usd: float) -> str:
+    """A price per GPU-hour: ``$3.95``, and two significant digits under a cent (``$0.0012``)."""
+    return f"${usd:.2f}" if usd >= 0.01 else f"${usd:.2g}"
+
+
 def _speed(training: Mapping[str, Any]) -> str:
     """What the time assumes: the utilisation of the card's peak, or, when the step's eager dispatch
     takes longer than its compute (:mod:`.steptime`), the operators that bound it."""
@@ -256,14 +261,15 @@ def _cluster_cost_rows(training: Mapping[str, Any]) -> List[str]:
     recompute = [f"{training['flopsFactor']:.3g}x forward FLOPs with the recompute"] if training.get("recompute") \
         else []
     if training["usd"] is None:
+        wall = f", {time}," if n > 1 else ""
         return _row("Training cost", f"n/a: {gpu} has no list price; give --usd-per-hour",
-                    f"{gpu_hours} {training['per']} {speed}", *recompute)
+                    f"{gpu_hours} {training['per']}{wall} {speed}", *recompute)
     price = units.usd(training["usd"])
     value = f"{price if price.startswith('<') else '~' + price} {training['per']} on {where}"
     if n == 1:
-        return _row("Training cost", value, f"{time} {speed}, ${training['usdPerHour']:.2f}/h", *recompute)
+        return _row("Training cost", value, f"{time} {speed}, {_hourly(training['usdPerHour'])}/h", *recompute)
     return _row("Training cost", value, f"{time} {speed}",
-                f"{gpu_hours} at ${training['usdPerHour']:.2f}/h per GPU", *recompute)
+                f"{gpu_hours} at {_hourly(training['usdPerHour'])}/h per GPU", *recompute)
 
 
 def _cost_rows(model: Mapping[str, Any], training: Optional[Mapping[str, Any]]) -> List[str]:
@@ -276,7 +282,7 @@ def _cost_rows(model: Mapping[str, Any], training: Optional[Mapping[str, Any]]) 
     gpu = training["gpu"]
     price = units.usd(training["usd"])
     value = f"{price if price.startswith('<') else '~' + price} {training['per']} on {_article(gpu)} {gpu}"
-    detail = f"{units.duration(training['seconds'])} {_speed(training)}, ${training['usdPerHour']:.2f}/h"
+    detail = f"{units.duration(training['seconds'])} {_speed(training)}, {_hourly(training['usdPerHour'])}/h"
     return _row("Training cost", value, detail)
 
 
