@@ -50,7 +50,6 @@ __all__ = [
     "GPU_COUNT",
     "MAX_GPUS",
     "MAX_USD_PER_HOUR",
-    "NEGATIVE_GPU_COUNT",
     "PlanConnectionError",
     "PlanError",
     "PlanRateLimitError",
@@ -61,6 +60,7 @@ __all__ = [
     "api_base",
     "check_api",
     "check_plan_options",
+    "gpu_count",
     "api_host",
     "plan_blocked",
     "request_plan",
@@ -382,11 +382,21 @@ def request_plan(
 #: traced or sent.
 MAX_GPUS = 64
 MAX_USD_PER_HOUR = 10_000
-#: A count at the end of a ``gpu`` value: ``H100x8``, ``RTX 4090 x 2``, ``A100×4`` (ASCII digits).
-GPU_COUNT = re.compile(r"(?P<name>.+?)\s*[x\u00d7*]\s*([0-9]+)", flags=re.IGNORECASE)
-#: A negative count: ``H100x-1``, ``A100 x -2``; the x after a digit or a space, so that a name
-#: with a minus in it (``RTX-4090``) is not one.
-NEGATIVE_GPU_COUNT = re.compile(r".*?[0-9\s][x\u00d7*]\s*-[0-9]+|.+?\s[x\u00d7*]\s*-[0-9]+", flags=re.IGNORECASE)
+#: A count at the end of a ``gpu`` value: ``H100x8``, ``RTX 4090 x 2``, ``A100×4``, ``H100x-1``
+#: (ASCII digits); in ``RTX-4090`` the minus is part of the name (:func:`gpu_count`).
+GPU_COUNT = re.compile(r"(?P<name>.+?)(?P<space>\s*)[x\u00d7*]\s*(?P<count>-?[0-9]+)", flags=re.IGNORECASE)
+
+
+def gpu_count(gpu: str) -> int | None:
+    """The count a ``gpu`` value asks for (``H100x8`` -> 8, ``H100x0`` -> 0, ``H100x-1`` -> -1);
+    ``None`` for a card name alone, and for a minus after a letter, as in ``RTX-4090``."""
+    match = GPU_COUNT.fullmatch(gpu.strip())
+    if match is None:
+        return None
+    count = int(match.group("count"))
+    if count < 0 and not (match.group("space") or match.group("name")[-1].isdigit()):
+        return None
+    return count
 
 
 def check_plan_options(options: Mapping[str, Any]) -> None:
@@ -414,11 +424,11 @@ def _check_options(options: dict) -> None:
         raise ValueError(f"context must be a positive int, got {context!r}")
     if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
         raise ValueError(f"gpu must be a card name such as H100 or H100x8, got {gpu!r}")
-    count = GPU_COUNT.fullmatch(gpu.strip()) if gpu is not None else None
-    if count and not 1 <= int(count.group(2)) <= MAX_GPUS:
-        raise ValueError(f"gpu {gpu.strip()!r} asks for {int(count.group(2)):,} cards; a plan uses 1 to {MAX_GPUS}")
-    if gpu is not None and NEGATIVE_GPU_COUNT.fullmatch(gpu.strip()):
+    count = gpu_count(gpu) if gpu is not None else None
+    if count is not None and count < 0:
         raise ValueError(f"gpu {gpu.strip()!r} asks for a negative number of cards; a plan uses 1 to {MAX_GPUS}")
+    if count is not None and not 1 <= count <= MAX_GPUS:
+        raise ValueError(f"gpu {gpu.strip()!r} asks for {count:,} cards; a plan uses 1 to {MAX_GPUS}")
     if usd_per_hour is not None and (isinstance(usd_per_hour, bool) or not isinstance(usd_per_hour, (int, float))
                                      or not math.isfinite(usd_per_hour) or not 0 < usd_per_hour <= MAX_USD_PER_HOUR):
         raise ValueError(f"usd_per_hour must be a positive number of at most {MAX_USD_PER_HOUR:,}, "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -24,8 +23,8 @@ from neurarch_trace.plan_client import (
     GPU_COUNT,
     MAX_GPUS,
     MAX_USD_PER_HOUR,
-    NEGATIVE_GPU_COUNT,
     check_api,
+    gpu_count,
 )
 from neurarch_trace.text import plural
 
@@ -109,14 +108,14 @@ def _gpu(text: str) -> str:
     (``H100x-1``; in ``RTX-4090`` the minus is part of the name) is refused here, before a trace."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} names no card: give one such as H100, H100x8 or RTX-4090")
-    if re.fullmatch(r".+?\s*[x\u00d7*]\s*0+", text.strip(), flags=re.IGNORECASE):
+    count = gpu_count(text)
+    if count == 0:
         raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for 0 cards: give 1 or more after the x, e.g. H100x8")
-    count = GPU_COUNT.fullmatch(text.strip())
-    if count and int(count.group(2)) > MAX_GPUS:
-        raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for {int(count.group(2)):,} cards; a plan uses 1 to "
-                                         f"{MAX_GPUS} (eight 8-GPU nodes): give fewer after the x, e.g. "
-                                         f"{count.group('name')}x{MAX_GPUS}")
-    if NEGATIVE_GPU_COUNT.fullmatch(text.strip()):
+    if count is not None and count > MAX_GPUS:
+        name = GPU_COUNT.fullmatch(text.strip()).group("name")  # type: ignore[union-attr]
+        raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for {count:,} cards; a plan uses 1 to {MAX_GPUS} "
+                                         f"(eight 8-GPU nodes): give fewer after the x, e.g. {name}x{MAX_GPUS}")
+    if count is not None and count < 0:
         raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for a negative number of cards: give 1 to {MAX_GPUS} "
                                          f"after the x, e.g. H100x8")
     return text.strip()

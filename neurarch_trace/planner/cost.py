@@ -183,7 +183,7 @@ def cluster_cost(train_flops_per_sample: float, unit: Unit, gpu: Gpu, gpus: int 
     step = None
     if batch is not None:
         step = step_time(train_flops_per_sample, batch, gpu, mfu, operators, CLUSTER_SCALING)
-        gpu_seconds = max(gpu_seconds, unit.samples / batch * step.seconds)
+        gpu_seconds = unit.samples / batch * step.seconds
     usd = None if gpu.usd_per_hour is None else gpu_seconds / 3600 * gpu.usd_per_hour
     factor = train_flops_per_sample / forward_flops_per_sample if forward_flops_per_sample else float(BACKWARD_FACTOR)
     return ClusterCost(unit=unit, gpu=gpu, gpus=gpus, flops=flops, gpu_seconds=gpu_seconds,

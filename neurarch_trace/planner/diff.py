@@ -166,7 +166,7 @@ def diff(new: Analysis, base: Analysis, sized: Sizing, unit: Unit) -> Dict[str, 
     if choice is None:  # the card prices no setup that does not fit
         return out
     base_train = step.flops_checkpointed if checkpoint else step.flops
-    new_ops = step_operators(new.graph.measured.get("training")).count(sized.tuning.mode, setup.checkpoint)
+    new_ops = sized.cost.step.operators if sized.cost is not None and sized.cost.step is not None else None
     base_ops = step_operators(base.graph.measured.get("training")).count(step.mode, checkpoint)
     if (new_ops is None) != (base_ops is None):  # like for like: a graph without counts is timed by compute alone
         new_ops = base_ops = None
