@@ -111,7 +111,7 @@ def test_mlp_card_exactly() -> None:
         "| (estimated from layer params and shapes: no measured totals)     |",
         "+------------------------------------------------------------------+",
         "| Runs            yes, shapes propagate end to end                 |",
-        "| GPU fit         T4 16 GB at batch 1024 fp16 (1.0 GB peak)        |",
+        "| GPU fit         T4 16 GB at batch 1,024 fp16 (1.0 GB peak)       |",
         "|                 estimated from layer outputs (no measured step)  |",
         "| Training cost   <$0.01 per million samples on a T4               |",
         "|                 <1 s at 40% of 65 TFLOPS fp16 (eager dispatch    |",
@@ -207,7 +207,7 @@ def test_gpu_fit_cheapest_card_that_holds_it() -> None:
     assert fit["peakGb"] == pytest.approx(28.512, rel=1e-12)
     assert [c["batch"] for c in fit["cards"]][:3] == [0, 0, 0]
     card = make_plan(_big_linear(50_000, 30_000))["text"]
-    assert row("GPU fit", "L40S 48 GB at batch 1024 bf16 (28.5 GB peak)") in card.splitlines()
+    assert row("GPU fit", "L40S 48 GB at batch 1,024 bf16 (28.5 GB peak)") in card.splitlines()
     # Training cost on the L40S: 3 * 2*50,000*30,000 = 9e9 FLOPs per sample * 1e6 samples
     training = plan["cost"]["training"]
     assert training["gpu"] == "L40S"
@@ -239,7 +239,7 @@ def test_no_single_card_gives_a_cluster() -> None:
     assert training["seconds"] == pytest.approx(6e16 / (989.4e12 * 0.40) / 3, rel=1e-12)
     assert training["usd"] == pytest.approx(training["gpuHours"] * 3.95, rel=1e-12)
     lines = make_plan(doc)["text"].splitlines()
-    assert row("GPU fit", "3x H100 80 GB at batch 1024 per GPU bf16") in lines
+    assert row("GPU fit", "3x H100 80 GB at batch 1,024 per GPU bf16") in lines
     assert row("", "ZeRO-2, 69.1 GB peak per GPU") in lines
     assert row("Training cost", "~$0.17 per million samples on 3x H100") in lines
 
@@ -676,7 +676,7 @@ def test_diff_against_base() -> None:
         row("Diff vs base", "MLP"),
         row("Params", "+203.5K (203.5K -> 407.1K)"),
         row("FLOPs", "+406.5 KFLOPs (406.5 KFLOPs -> 813.1 KFLOPs)"),
-        row("Peak memory", "+0.01 GB at batch 1024 (1.0 GB -> 1.0 GB)"),  # +5,236,224 B
+        row("Peak memory", "+0.01 GB at batch 1,024 (1.0 GB -> 1.0 GB)"),  # +5,236,224 B
         row("Cost", "+$0.00 per million samples (<$0.01 -> <$0.01)"),
         row("Layers", "1 added, 1 removed, 3 changed"),
         "+------------------------------------------------------------------+",

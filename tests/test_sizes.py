@@ -536,7 +536,15 @@ def test_gpu_names_and_counts() -> None:
     ({"context": 0}, "context must be a positive integer of at most 2^31 tokens, not 0"),
     ({"context": "2k"}, "context must be a positive integer of at most 2^31 tokens, not '2k'"),
     ({"usd_per_hour": 1.0}, "usd_per_hour prices the card named by gpu: give gpu too"),
-    ({"gpu": "L40", "usd_per_hour": 0}, "usd_per_hour must be a positive number of dollars per GPU-hour, not 0"),
+    ({"gpu": "L40", "usd_per_hour": 0}, "usd_per_hour must be a positive number of dollars per GPU-hour of at most "
+                                         "10,000, not 0"),
+    ({"gpu": "L40", "usd_per_hour": 123456}, "usd_per_hour must be a positive number of dollars per GPU-hour of at "
+                                              "most 10,000, not 123456"),
+    # a count in other digits than ASCII's is no count: int() would read Arabic-Indic eight as 8
+    ({"gpu": "H100x\u0668"}, "unknown GPU 'H100x\u0668': known cards are T4, L4, A10G, L40S, A100-40, A100-80, "
+                              "H100, H200, RTX-4090, RTX-3090, RTX-A6000, L40 (add xN for N of them, e.g. H100x8)"),
+    ({"gpu": "H100x\uff18"}, "unknown GPU 'H100x\uff18': known cards are T4, L4, A10G, L40S, A100-40, A100-80, "
+                              "H100, H200, RTX-4090, RTX-3090, RTX-A6000, L40 (add xN for N of them, e.g. H100x8)"),
 ])
 def test_bad_options_are_one_sentence(kwargs: dict[str, Any], sentence: str) -> None:
     doc = json.loads((DATA / "mlp.neurarch.json").read_text())

@@ -278,6 +278,19 @@ def test_depth_is_an_int_or_refused_by_type():
         trace_model(model, x, depth=-1)
 
 
+def test_training_step_is_a_flag_not_any_truthy_value():
+    import numpy as np
+
+    model = nn.Linear(4, 3)
+    for bad in ("no", "False", None, 2):  # "no" is truthy: it must not run the step it asks to leave out
+        with pytest.raises(TypeError) as info:
+            trace_model(model, torch.randn(1, 4), training_step=bad)
+        assert str(info.value) == f"training_step must be True or False, not {bad!r}"
+    for off in (False, 0, np.bool_(False)):
+        assert "training" not in trace_model(model, torch.randn(1, 4), training_step=off)["measured"]
+    assert "training" in trace_model(model, torch.randn(1, 4), training_step=np.bool_(True))["measured"]
+
+
 def test_a_batch_of_0_samples_is_refused_as_the_command_line_refuses_it():
     model = nn.Linear(4, 3)
     with pytest.raises(ValueError) as info:

@@ -179,10 +179,10 @@ def _cluster_fit_rows(fit: Mapping[str, Any], memory: Optional[Mapping[str, Any]
     strategy = fit["strategy"].split("+")[0]
     peak = units.gb(fit["peakGb"] * 1e9)
     if fit["gpus"] > 1:
-        rows = [f"{fit['gpus']}x {fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']} per GPU "
+        rows = [f"{fit['gpus']}x {fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']:,} per GPU "
                 f"{fit['precision']}", f"{_STRATEGY.get(strategy, strategy)}, {peak} peak per GPU"]
     else:
-        rows = [f"{fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']} {fit['precision']} ({peak} peak)"]
+        rows = [f"{fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']:,} {fit['precision']} ({peak} peak)"]
     if fit["checkpointing"]:
         rows.append(_CHECKPOINT)
     if fit["borderline"]:
@@ -215,7 +215,7 @@ def _fit_rows(fit: Mapping[str, Any], memory: Optional[Mapping[str, Any]] = None
         return _row("GPU fit", f"{asked} does not hold a training step{upto}", *_needs_text(fit, ""),
                     _source(memory))
     if fit["fits"]:
-        value = (f"{fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']} {fit['precision']} "
+        value = (f"{fit['gpu']} {fit['memoryGb']:g} GB at batch {fit['batch']:,} {fit['precision']} "
                  f"({units.gb(fit['peakGb'] * 1e9)} peak)")
         if fit["borderline"]:
             return _row("GPU fit", value, _source(memory), f"borderline: needs {units.gb(fit['needGb'] * 1e9)} "
@@ -228,15 +228,18 @@ def _fit_rows(fit: Mapping[str, Any], memory: Optional[Mapping[str, Any]] = None
 
 
 def _gpu_hours(hours: float) -> str:
-    """``0.04 GPU-h``, ``30.1 GPU-h``, ``1,234 GPU-h``."""
+    """``<0.01 GPU-h``, ``0.04 GPU-h``, ``30.1 GPU-h``, ``1,234 GPU-h``."""
+    if hours < 0.005:
+        return "<0.01 GPU-h"
     if hours < 10:
         return f"{hours:.2f} GPU-h"
     return f"{hours:.1f} GPU-h" if hours < 100 else f"{hours:,.0f} GPU-h"
 
 
 def _hourly(usd: float) -> str:
-    """A price per GPU-hour: ``$3.95``, and two significant digits under a cent (``$0.0012``)."""
-    return f"${usd:.2f}" if usd >= 0.01 else f"${usd:.2g}"
+    """A price per GPU-hour: ``$3.95``, ``$10,000.00``, and two significant digits under a cent
+    (``$0.0012``)."""
+    return f"${usd:,.2f}" if usd >= 0.01 else f"${usd:.2g}"
 
 
 def _speed(training: Mapping[str, Any]) -> str:
@@ -306,7 +309,7 @@ def _qlora_recipe(finetune: Mapping[str, Any]) -> List[str]:
     how = "with" if kbit.get("checkpointing") else "no"
     lines = ["non-4-bit weights in 16 bits (get_peft_model over the 4-bit load)",
              f"prepare_model_for_kbit_training (PEFT) makes them float32: {units.gb(kbit['peakGb'] * 1e9)} peak "
-             f"at batch {kbit['batch']}, {how} checkpointing (rehearsed)"]
+             f"at batch {kbit['batch']:,}, {how} checkpointing (rehearsed)"]
     # the fit's own rule: the peak times the headroom must fit the card's memory
     if kbit["needGb"] > kbit["memoryGb"]:
         lines.append(f"needs {units.gb(kbit['needGb'] * 1e9)} with x{kbit.get('headroom', 1.15):g} headroom: "
@@ -357,7 +360,7 @@ def _serve_rows(model: Mapping[str, Any], serve: Optional[Mapping[str, Any]]) ->
     weights = units.gb(serve["weightsGb"] * 1e9 * part)
     kv = f"{'KV' if n > 1 else 'KV cache'} {units.gb(serve['kvCacheGb'] * 1e9 * part)}"
     parts = f"weights {weights}, {kv}" if serve["layers"] else f"weights {weights}, no KV cache (no decoder)"
-    rows = [f"{_setup(serve)} {serve['precision']}, {context} x batch {serve['batch']}",
+    rows = [f"{_setup(serve)} {serve['precision']}, {context} x batch {serve['batch']:,}",
             f"{units.gb(serve['peakGb'] * 1e9)} {'per GPU' if n > 1 else 'peak'}: {parts}"]
     if serve["gpusAsked"]:
         rows.append(f"{n} of the {serve['gpusAsked']} GPUs: the most it splits over")
@@ -433,7 +436,7 @@ def _diff_rows(diff: Mapping[str, Any]) -> List[str]:
         rows += _row("FLOPs", f"{units.signed(units.flops(abs(flops['delta'])), flops['delta'])} "
                               f"({units.flops(flops['base'])} -> {units.flops(flops['new'])})")
     if peak is not None:
-        where = ("per GPU " if peak.get("gpus", 1) > 1 else "") + f"at batch {peak['batch']}"
+        where = ("per GPU " if peak.get("gpus", 1) > 1 else "") + f"at batch {peak['batch']:,}"
         rows += _row("Peak memory", f"{units.signed(units.gb(abs(peak['delta']) * 1e9), peak['delta'])} {where} "
                                     f"({units.gb(peak['base'] * 1e9)} -> {units.gb(peak['new'] * 1e9)})")
     elif diff.get("comparable", True):

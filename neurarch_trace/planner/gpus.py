@@ -154,7 +154,7 @@ def parse_gpu(spec: str, table: GpuTable | None = None, usd_per_hour: float | No
     text = spec.strip() if isinstance(spec, str) else ""
     card, count = _lookup(table, text), None
     if card is None:
-        match = re.fullmatch(r"(.+?)\s*[x\u00d7*]\s*(-?\d+)", text, flags=re.IGNORECASE)
+        match = re.fullmatch(r"(.+?)\s*[x\u00d7*]\s*(-?[0-9]+)", text, flags=re.IGNORECASE)
         if match:
             card, count = _lookup(table, match.group(1)), int(match.group(2))
     if card is None:

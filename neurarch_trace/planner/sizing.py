@@ -53,7 +53,8 @@ def check_options(finetune: str | None = None, context: int | None = None, gpu: 
     sentence for a bad value:
     a ``finetune`` not in ``full``/``lora``/``qlora`` (in any case), a ``context`` that is not a positive integer
     of at most 2^31, an unknown ``gpu`` (the sentence names the known cards), a ``usd_per_hour``
-    that is not a positive number, or a ``usd_per_hour`` without a ``gpu`` to price."""
+    that is not a positive number of at most :data:`MAX_USD_PER_HOUR`, or a ``usd_per_hour``
+    without a ``gpu`` to price."""
     try:
         return _options(finetune, context, gpu, usd_per_hour, table)
     except OptionError:
@@ -72,7 +73,8 @@ def _options(finetune: str | None, context: int | None, gpu: str | None, usd_per
     if usd_per_hour is not None:
         if (isinstance(usd_per_hour, bool) or not isinstance(usd_per_hour, (int, float))
                 or not math.isfinite(usd_per_hour) or not 0 < usd_per_hour <= MAX_USD_PER_HOUR):
-            raise OptionError(f"usd_per_hour must be a positive number of dollars per GPU-hour, not {usd_per_hour!r}")
+            raise OptionError(f"usd_per_hour must be a positive number of dollars per GPU-hour of at most "
+                              f"{MAX_USD_PER_HOUR:,.0f}, not {usd_per_hour!r}")
         if gpu is None:
             raise OptionError("usd_per_hour prices the card named by gpu: give gpu too")
     if gpu is not None and not isinstance(gpu, str):

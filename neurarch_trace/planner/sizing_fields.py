@@ -142,7 +142,8 @@ def _step_fields(step: StepTime | None) -> dict[str, Any]:
     if step is None:
         return {}
     return {"stepBatch": step.batch, "stepSeconds": step.seconds, "computeSeconds": step.compute,
-            "dispatchSeconds": step.dispatch, "operators": step.operators, "bound": step.bound,
+            "dispatchSeconds": step.dispatch if step.operators else None, "operators": step.operators,
+            "bound": step.bound,
             "operatorSeconds": EAGER_OPERATOR_SECONDS}
 
 

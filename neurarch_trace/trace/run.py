@@ -325,8 +325,8 @@ def trace_model(
         shapes batchless, FLOPs at the traced batch size, one multiply-add = 2 FLOPs.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, ``inputs`` has another type, or ``depth`` is
-            not an int.
+        TypeError: ``model`` is not an ``nn.Module``, ``inputs`` has another type, ``depth`` is
+            not an int, or ``training_step`` is not a bool (or 0/1).
         ValueError: ``finetune`` is not ``None``, ``"full"``, ``"lora"`` or ``"qlora"`` (in any case).
         ValueError: no input tensor, a 0-d first input, a batch of 0 samples, or ``depth`` below 0.
         TraceError: the forward pass raised (or called ``sys.exit``); the message says how far the
@@ -339,6 +339,8 @@ def trace_model(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
     depth, finetune = _checked_options(depth, finetune)
+    if not _is_flag(training_step):  # "no" is truthy: it would rehearse a step asked to be left out
+        raise TypeError(f"training_step must be True or False, not {training_step!r}")
     model = unwrap_model(model)
     if isinstance(model, torch.jit.ScriptModule):
         model = Opaque(model)  # a scripted model refuses hooks: trace it as one opaque layer
@@ -363,6 +365,13 @@ def trace_model(
     with gc_paused(), dynamo_left_unimported(), sympy_left_unimported(), compiled_code_run_eagerly():
         return _traced_graph(model, args, call_kwargs, named_inputs, tensors, depth, graph_name, progress,
                              training_step, description, finetune)
+
+
+def _is_flag(value: Any) -> bool:
+    """``True``/``False``, 0/1, or numpy's bool: what a flag argument may be."""
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
+        return True
+    return isinstance(value, int) and value in (0, 1)
 
 
 def _checked_options(depth: Any, finetune: Any) -> Tuple[Optional[int], Optional[str]]:
