@@ -286,6 +286,11 @@ def test_a_fixed_cluster_too_small_says_what_would_hold(llama70b: dict[str, Any]
     assert row("GPU fit", "8x A100-80 does not hold a training step") in lines
     assert row("", "ZeRO-3 + checkpointing needs 24x A100-80 80 GB") in lines
     assert row("", f"(3 nodes of 8, {needs['peakGb']:.1f} GB peak per GPU)") in lines
+    # past 64 GPUs the count is not one --gpu NAMExN takes (1 to 64): the card says so
+    a10g = make_plan(llama70b, gpu="A10G")
+    assert a10g["plan"]["fit"]["needs"]["gpus"] == 152
+    text = " ".join(line.strip("| ") for line in a10g["text"].splitlines())
+    assert "needs 152x A10G 24 GB (19 nodes of 8, more than the 64 a plan sizes; 20.7 GB peak per GPU)" in text
 
 
 # --- 2. fine-tuning -------------------------------------------------------------------------------

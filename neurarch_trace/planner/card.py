@@ -201,6 +201,8 @@ def _needs_text(fit: Mapping[str, Any], lead: str) -> List[str]:
                 f"{units.gb(needs['peakGb'] * 1e9)} per GPU is not divided, "
                 f"{units.gb(needs['peakGb'] * headroom * 1e9)} with x{headroom:g} headroom"]
     nodes = f"{needs['gpus'] // 8} nodes of 8, " if needs["gpus"] > 8 else ""
+    if needs["gpus"] > 64:  # --gpu NAMExN takes 1 to 64 (MAX_GPUS): not a count to ask for
+        nodes += "more than the 64 a plan sizes; "
     return [f"{lead}ZeRO-3 + checkpointing needs {needs['gpus']}x {needs['gpu']} {needs['memoryGb']:g} GB "
             f"({nodes}{units.gb(needs['peakGb'] * 1e9)} peak per GPU)"]
 
@@ -405,15 +407,24 @@ def _diff_caveats(diff: Mapping[str, Any]) -> List[str]:
     sources = diff.get("sources") or {}
     if sources and sources.get("base") != sources.get("new"):
         out.append(f"peaks: the new one {sources.get('new')}, the base's {sources.get('base')}")
-    if diff.get("costTiming") == "compute":
+    timing = diff.get("costTiming")
+    if timing == "compute":
         out.append("cost: both timed by compute alone (one graph has no operator counts: traced without "
                    "the training step, or by an older tool)")
+    elif timing:
+        out.append(f"cost: both steps' eager operators counted as in {_STEPS.get(timing, timing)}, which both "
+                   "graphs rehearsed (a floor for the other step)")
     steps = diff.get("activations") or {}
     if steps and steps.get("base") != steps.get("new") and steps.get("base") != "layer outputs":
         out.append(f"activations: the new one's {_ACTIVATIONS.get(steps.get('new'), steps.get('new'))}, "
                    f"the base's {_ACTIVATIONS.get(steps.get('base'), steps.get('base'))}")
     return out
 
+
+#: ``plan.diff.costTiming``'s rehearsed steps in the diff box's words.
+_STEPS = {"full": "full training", "full+ckpt": "full training with checkpointing", "lora": "the LoRA step",
+          "lora+ckpt": "the LoRA step with checkpointing", "qlora": "the QLoRA step",
+          "qlora+ckpt": "the QLoRA step with checkpointing"}
 
 #: ``plan.diff.activations`` in the diff box's words.
 _ACTIVATIONS = {"rehearsed": "rehearsed", "rehearsed, checkpointing from full training":
