@@ -173,7 +173,7 @@ def test_the_card_gives_the_kbit_recipes_peak_on_its_setup(qlora_graph: dict) ->
     assert kbit["peakGb"] == pytest.approx(fit["peakGb"] + extra / 1e9, rel=1e-9)
     text = " ".join(line.strip("| ").strip() for line in out["text"].splitlines())
     assert "prepare_model_for_kbit_training (PEFT) makes them float32:" in text
-    assert f"at batch {kbit['batch']}, no checkpointing (rehearsed)" in text
+    assert f"at batch {kbit['batch']:,}, no checkpointing (rehearsed)" in text
     assert "the step rehearsed as PEFT runs it" in text
     # "over" by the fit's own rule, the peak times the headroom against the card's memory
     assert kbit["needGb"] == pytest.approx(kbit["peakGb"] * 1.15, rel=1e-12)

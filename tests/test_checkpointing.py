@@ -152,7 +152,7 @@ def test_the_card_says_a_checkpointed_setup_was_rehearsed(qlora_graph: dict) -> 
     kbit = plan["finetune"]["kbit"]
     assert kbit["checkpointing"] is True and kbit["checkpointedPeakGb"] is None
     text = " ".join(line.strip("| ").strip() for line in out["text"].splitlines())
-    assert f"at batch {kbit['batch']}, with checkpointing (rehearsed)" in text
+    assert f"at batch {kbit['batch']:,}, with checkpointing (rehearsed)" in text
     # a graph rehearsed without checkpointing (before it was): sized from full training's, and said
     old = copy.deepcopy(qlora_graph)
     for name in ("qlora", "qloraKbit"):

@@ -705,7 +705,7 @@ def test_the_diff_sizes_the_base_on_the_cards_own_setup(options) -> None:
     assert cost["new"] == pytest.approx(plan["cost"]["training"]["usd"], rel=1e-9)
     line = next(line for line in make_plan(new, base=base, **options)["text"].splitlines()
                 if line.startswith("| Peak memory"))
-    assert f"{'per GPU ' if fit['gpus'] > 1 else ''}at batch {fit['batch']} (1.0 GB -> " in line
+    assert f"{'per GPU ' if fit['gpus'] > 1 else ''}at batch {fit['batch']:,} (1.0 GB -> " in line
 
 
 def flat(card: str) -> str:

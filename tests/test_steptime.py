@@ -154,3 +154,24 @@ def test_a_diff_times_both_models_alike(lora_graph: dict) -> None:
     assert same["diff"]["costUsd"]["delta"] == 0.0
     assert same["diff"]["costUsd"]["new"] == pytest.approx(same["cost"]["training"]["usd"], rel=1e-12)
     assert "costTiming" not in same["diff"]
+
+
+def test_a_diff_counts_a_rehearsed_lora_step_against_a_floor_alike(lora_graph: dict) -> None:
+    # the base is the same model traced without --finetune: it has full training's count only, a
+    # floor under LoRA, while the new graph rehearsed the LoRA step itself. Both are timed with the
+    # count both rehearsed (full training's), so the same model costs the same
+    base = copy.deepcopy(lora_graph)
+    del base["measured"]["training"]["adapters"]
+    training = lora_graph["measured"]["training"]
+    assert training["adapters"]["lora"]["operators"] > training["operators"] > 0
+    out = make_plan(lora_graph, base=base, finetune="lora", gpu="H100")
+    plan, diff = out["plan"], out["plan"]["diff"]
+    assert plan["cost"]["training"]["operators"] == training["adapters"]["lora"]["operators"]  # the card's own
+    assert diff["costTiming"] == "full"
+    new_alone = make_plan(lora_graph, base=lora_graph, finetune="lora", gpu="H100")["plan"]["diff"]
+    assert "costTiming" not in new_alone
+    floor = make_plan(base, finetune="lora", gpu="H100")["plan"]["cost"]["training"]
+    assert floor["operators"] == training["operators"]
+    assert diff["costUsd"]["base"] == pytest.approx(floor["usd"], rel=1e-12)
+    assert "cost: both steps' eager operators counted as in full training, which both graphs rehearsed" in " ".join(
+        line.strip("| ").strip() for line in out["text"].splitlines())

@@ -27,7 +27,7 @@ from neurarch_trace.planner.blocks import find_blocks
 from neurarch_trace.planner.cost import Unit, cluster_cost
 from neurarch_trace.planner.finetune import activations_label, tuning
 from neurarch_trace.planner.sizing import Sizing
-from neurarch_trace.planner.steptime import step_operators
+from neurarch_trace.planner.steptime import shared_counts, step_operators
 from neurarch_trace.planner.strategy import footprint
 
 __all__ = ["diff", "layer_changes"]
@@ -166,11 +166,14 @@ def diff(new: Analysis, base: Analysis, sized: Sizing, unit: Unit) -> Dict[str, 
     if choice is None:  # the card prices no setup that does not fit
         return out
     base_train = step.flops_checkpointed if checkpoint else step.flops
-    new_ops = sized.cost.step.operators if sized.cost is not None and sized.cost.step is not None else None
-    base_ops = step_operators(base.graph.measured.get("training")).count(step.mode, checkpoint)
-    if (new_ops is None) != (base_ops is None):  # like for like: a graph without counts is timed by compute alone
-        new_ops = base_ops = None
+    own_ops = sized.cost.step.operators if sized.cost is not None and sized.cost.step is not None else None
+    new_ops, base_ops, shared = shared_counts(
+        step_operators(new.graph.measured.get("training")).chain(sized.tuning.mode, setup.checkpoint),
+        step_operators(base.graph.measured.get("training")).chain(step.mode, checkpoint))
+    if shared is None and own_ops is not None:  # like for like: a graph without counts is timed by compute alone
         out["costTiming"] = "compute"
+    elif shared is not None and new_ops != own_ops:  # the new card's own count, but not the base's step
+        out["costTiming"] = shared
     new_cost = cluster_cost(choice.train_flops, unit, gpu, setup.gpus, new.mfu, batch=batch, operators=new_ops)
     base_cost = cluster_cost(base_train, unit, gpu, setup.gpus, base.mfu, batch=batch, operators=base_ops)
     if new_cost.usd is not None and base_cost.usd is not None:

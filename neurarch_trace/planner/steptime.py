@@ -29,7 +29,7 @@ from typing import Any
 from neurarch_trace.planner.counts import measured_int
 from neurarch_trace.planner.gpus import Gpu
 
-__all__ = ["EAGER_OPERATOR_SECONDS", "StepOperators", "StepTime", "step_operators", "step_time"]
+__all__ = ["EAGER_OPERATOR_SECONDS", "StepOperators", "StepTime", "shared_counts", "step_operators", "step_time"]
 
 #: Host CPU time per aten operator of an eager PyTorch training step, in seconds: 12.9 us (Python,
 #: the dispatcher, autograd's bookkeeping and the kernel launch; published breakdowns of that path
@@ -52,17 +52,38 @@ class StepOperators:
     checkpointed: int | None = None
     adapters: Mapping[str, tuple[int | None, int | None]] = None  # type: ignore[assignment]
 
+    def chain(self, recipe: str, checkpoint: bool) -> list[tuple[str, int | None]]:
+        """The counts :meth:`count` reads, in its order, each named by the step rehearsed
+        (``lora+ckpt``, ``lora``, ``full+ckpt``, ``full``): the recipe's own step first, then the
+        steps it adds operators to (checkpointing recomputes; LoRA/QLoRA add adapters)."""
+        full = [("full+ckpt", self.checkpointed), ("full", self.full)] if checkpoint else [("full", self.full)]
+        if recipe == "full":
+            return full
+        plain, checkpointed = (self.adapters or {}).get(recipe, (None, None))
+        own = [(f"{recipe}+ckpt", checkpointed), (recipe, plain)] if checkpoint else [(recipe, plain)]
+        return own + full
+
     def count(self, recipe: str, checkpoint: bool) -> int | None:
         """The count for ``recipe`` (``full``, ``lora``, ``qlora``, ``qloraKbit``) with or without
         checkpointing; ``None`` when no step was rehearsed. Where that step was not rehearsed but a
         step it adds operators to was (the recipe's plain step under checkpointing, which recomputes;
         full training under LoRA or QLoRA, which add adapters), that step's count, a lower bound."""
-        if recipe == "full":
-            return (self.checkpointed or self.full) if checkpoint else self.full
-        plain, checkpointed = (self.adapters or {}).get(recipe, (None, None))
-        if checkpoint:
-            return checkpointed or plain or self.checkpointed or self.full
-        return plain or self.full
+        return next((count for _, count in self.chain(recipe, checkpoint) if count), None)
+
+
+def shared_counts(new: list[tuple[str, int | None]], base: list[tuple[str, int | None]]
+                  ) -> tuple[int | None, int | None, str | None]:
+    """Two steps' operators counted alike, for a diff: from their :meth:`StepOperators.chain`, the
+    counts of the first step both graphs rehearsed, and its name; ``(None, None, None)`` when they
+    share none (one graph has no counts: both are then timed by compute alone). Where one graph
+    rehearsed its own step (a LoRA step, 4,202 operators for BERT-base) and the other only the step
+    it adds to (full training, 2,373), both take the latter, a floor, rather than compare a count
+    with a floor."""
+    theirs = {key: count for key, count in base if count}
+    for key, count in new:
+        if count and key in theirs:
+            return count, theirs[key], key
+    return None, None, None
 
 
 def step_operators(training: Any) -> StepOperators:

@@ -338,9 +338,7 @@ def trace_model(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    depth, finetune = _checked_options(depth, finetune)
-    if not _is_flag(training_step):  # "no" is truthy: it would rehearse a step asked to be left out
-        raise TypeError(f"training_step must be True or False, not {training_step!r}")
+    depth, finetune = _checked_options(depth, finetune, training_step)
     model = unwrap_model(model)
     if isinstance(model, torch.jit.ScriptModule):
         model = Opaque(model)  # a scripted model refuses hooks: trace it as one opaque layer
@@ -374,7 +372,7 @@ def _is_flag(value: Any) -> bool:
     return isinstance(value, int) and value in (0, 1)
 
 
-def _checked_options(depth: Any, finetune: Any) -> Tuple[Optional[int], Optional[str]]:
+def _checked_options(depth: Any, finetune: Any, training_step: Any = True) -> Tuple[Optional[int], Optional[str]]:
     """``depth`` as an int (or None) and ``finetune`` in lower case, once both are checked
     (:func:`trace_model`'s TypeError and ValueError; the case of a mode does not matter, as on the
     command line: ``"QLoRA"``)."""
@@ -384,6 +382,8 @@ def _checked_options(depth: Any, finetune: Any) -> Tuple[Optional[int], Optional
         depth = operator.index(depth)
     if depth is not None and depth < 0:
         raise ValueError(f"depth must be 0 or more, not {depth}")
+    if not _is_flag(training_step):  # "no" is truthy: it would rehearse a step asked to be left out
+        raise TypeError(f"training_step must be True or False, not {training_step!r}")
     mode = finetune.lower() if isinstance(finetune, str) else finetune
     if mode not in (None, "full", "lora", "qlora"):
         raise ValueError(f"finetune must be None, 'full', 'lora' or 'qlora', not {finetune!r}")
