@@ -22,6 +22,7 @@ import unicodedata
 from typing import Any, List, Mapping, Optional
 
 import neurarch_trace.text as units
+from neurarch_trace.planner.gpus import MAX_GPUS
 from neurarch_trace.text import plural, printable
 
 __all__ = ["INNER", "LABEL", "WIDTH", "render"]
@@ -201,8 +202,8 @@ def _needs_text(fit: Mapping[str, Any], lead: str) -> List[str]:
                 f"{units.gb(needs['peakGb'] * 1e9)} per GPU is not divided, "
                 f"{units.gb(needs['peakGb'] * headroom * 1e9)} with x{headroom:g} headroom"]
     nodes = f"{needs['gpus'] // 8} nodes of 8, " if needs["gpus"] > 8 else ""
-    if needs["gpus"] > 64:  # --gpu NAMExN takes 1 to 64 (MAX_GPUS): not a count to ask for
-        nodes += "more than the 64 a plan sizes; "
+    if needs["gpus"] > MAX_GPUS:  # --gpu NAMExN takes 1 to MAX_GPUS: not a count to ask for
+        nodes += f"more than the {MAX_GPUS} a plan sizes; "
     return [f"{lead}ZeRO-3 + checkpointing needs {needs['gpus']}x {needs['gpu']} {needs['memoryGb']:g} GB "
             f"({nodes}{units.gb(needs['peakGb'] * 1e9)} peak per GPU)"]
 
