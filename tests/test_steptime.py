@@ -175,3 +175,15 @@ def test_a_diff_counts_a_rehearsed_lora_step_against_a_floor_alike(lora_graph: d
     assert diff["costUsd"]["base"] == pytest.approx(floor["usd"], rel=1e-12)
     assert "cost: both steps' eager operators counted as in full training, which both graphs rehearsed" in " ".join(
         line.strip("| ").strip() for line in out["text"].splitlines())
+
+
+def test_a_cluster_bound_by_dispatch_says_its_batch_is_per_gpu(lora_graph: dict) -> None:
+    # on 2 GPUs each runs its own step: the step's batch is each GPU's, and the card says so
+    out = make_plan(lora_graph, gpu="H100x2")
+    training = out["plan"]["cost"]["training"]
+    assert training["gpus"] == 2 and training["bound"] == "dispatch"
+    assert training["stepBatch"] == out["plan"]["fit"]["batch"]
+    text = " ".join(line.strip("| ").strip() for line in out["text"].splitlines())
+    assert f"ms steps at batch {training['stepBatch']:,} per GPU, bound by {training['operators']:,} eager" in text
+    one = make_plan(lora_graph, gpu="H100")
+    assert "per GPU, bound by" not in " ".join(line.strip("| ").strip() for line in one["text"].splitlines())

@@ -250,8 +250,9 @@ def _speed(training: Mapping[str, Any]) -> str:
     takes longer than its compute (:mod:`.steptime`), the operators that bound it."""
     if training.get("bound") == "dispatch":
         ms = training["stepSeconds"] * 1e3
+        per = " per GPU" if training.get("gpus", 1) > 1 else ""  # stepBatch: each GPU's samples per step
         return (f"in {ms:,.0f}" if ms >= 10 else f"in {ms:.2g}") + (
-            f" ms steps at batch {training['stepBatch']:,}, bound by {training['operators']:,} eager operators x "
+            f" ms steps at batch {training['stepBatch']:,}{per}, bound by {training['operators']:,} eager operators x "
             f"{training['operatorSeconds'] * 1e6:g} us")
     unknown = " (eager dispatch not counted)" if "bound" in training and training["bound"] is None else ""
     return f"at {training['mfu']:.0%} of {training['peakTflops']:g} TFLOPS {training['precision']}{unknown}"
