@@ -8,18 +8,19 @@ Run: ``python bench/bench_trace.py [--repeats 25] [--json bench/results/trace.js
 Needs ``torchinfo`` for its column (``pip install -e '.[bench]'``) and ``transformers`` for the
 BERT, GPT-2 and ConvNeXt rows and the LLaMA meta rows; whatever is missing is left out. The column
 of neurarch-trace 0.1.3, the older release under the PyPI name, comes from ``old_release.py``: it
-is fetched once with ``pip download`` into ``~/.cache/neurarch-trace/bench/`` and run in child
-processes (it imports as ``neurarch_trace`` too); without a network, or with ``--no-old-release``,
-it is left out.
+is fetched once with ``pip download`` into ``~/.cache/neurarch-trace/bench/`` and loaded in this
+process under another module name (it imports as ``neurarch_trace`` too); without a network, or
+with ``--no-old-release``, it is left out.
 
 ``--cpu-time`` times with this process's CPU time and one torch thread instead of the wall clock:
 on a machine other jobs share, wall-clock medians swing by 2x while CPU time stays within a few
 percent. ``--steady-allocator`` has glibc's ``malloc`` keep the memory it frees, in this process and
-in 0.1.3's children (:func:`allocator.steady_allocator`): no timed call page-faults, so a call's
+in its children (:func:`allocator.steady_allocator`): no timed call page-faults, so a call's
 time no longer depends on what the call before it left mapped. ``--only`` keeps the models whose
 label contains NAME (``ResNet-50``, ``GPT-2``) and skips the rest of the benchmark. ``--isolated``
-also times each tool alone with the bare forward in a child process of its own (``pair.py``), as
-0.1.3 is always timed, so that every tool meets 0.1.3 on the same footing.
+also times each tool alone with the bare forward in a child process of its own (``pair.py``;
+0.1.3 through ``old_release.py``), so that no tool's time depends on what the others left in the
+process (allocator state, caches).
 
 Reports, in one run on this machine:
 
@@ -35,8 +36,7 @@ Reports, in one run on this machine:
    (:func:`summarise`); and, as ``best_ratio``, its fastest round over the bare forward's fastest
    (:func:`best_ratio`); and, as ``against_peers``, the trace's time minus each peer's in the
    same round: its median, a 95% interval for that median, and the rounds the trace won
-   (:func:`against_peers`). 0.1.3 runs in a child process per model, in rounds against a bare
-   forward timed there: its ratio and best ratio (no round-by-round difference across processes).
+   (:func:`against_peers`; 0.1.3 among the peers).
 2. The command line as a user runs it, whole process (``neurarch-trace
    examples/models/resnet.py:ResNet50 --input 1,3,224,224``, default device, ``--device cpu`` and
    ``--no-training-step``), next to 0.1.3's command with the same arguments,
@@ -152,7 +152,17 @@ RUNNERS: List[Tuple[str, Callable[[nn.Module, tuple, dict], Optional[Call]]]] = 
 
 
 #: The peers this project's trace is compared with, round by round (:func:`against_peers`).
-PEERS = ("torchinfo", "FlopCounterMode")
+PEERS = ("torchinfo", "FlopCounterMode", old_release.COLUMN)
+
+
+def old_release_trace(module: Any, model: nn.Module, args: tuple, kwargs: dict) -> Optional[Call]:
+    """neurarch-trace 0.1.3's ``trace_model(model, [inputs], name=...)`` from ``module``
+    (:func:`old_release.load`), with its own defaults (``eval()``, autograd on); None for a model
+    called with keywords, which its ``trace_model`` does not take."""
+    if kwargs:
+        return None
+    name = type(model).__name__
+    return lambda: module.trace_model(model, list(args), name=name)
 
 
 def median_interval(values: List[float], confidence: float = 0.95) -> Tuple[float, float]:
@@ -205,11 +215,18 @@ def bench_isolated(label: str, repeats: int, steady: bool) -> Dict[str, dict]:
 def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Path] = None,
                      steady: bool = False, isolated: bool = False) -> List[dict]:
     """The in-process rows (see the module docstring); with ``old``, 0.1.3's folder
-    (:func:`old_release.locate`), its column too, timed in a child process against the bare forward
-    timed there (its ratio; no round-by-round difference across processes); ``steady``: the child
-    runs under :func:`allocator.steady_allocator`, as this process does; ``isolated``: each tool
-    also alone in a child of its own, as 0.1.3 is (:func:`bench_isolated`)."""
+    (:func:`old_release.locate`), its column too: loaded in this process under another name
+    (:func:`old_release.load`) and timed in the same rounds as the other tools; ``isolated``: each
+    tool also alone in a child of its own with the bare forward (:func:`bench_isolated`; 0.1.3 in
+    a child whose ``PYTHONPATH`` puts it first, under :func:`allocator.steady_allocator` with
+    ``steady``, as this process runs)."""
     rows = []
+    old_module = None
+    if old is not None:
+        try:
+            old_module = old_release.load(old)
+        except ImportError as exc:
+            print(f"neurarch-trace {old_release.VERSION} left out of the in-process rows: {exc}", file=sys.stderr)
     for label, build in models():
         if only is not None and only not in label:
             continue
@@ -221,24 +238,27 @@ def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Pat
             call = make(model, args, kwargs)
             if call is not None:
                 calls[column] = call
+        if old_module is not None:
+            call = old_release_trace(old_module, model, args, kwargs)
+            if call is not None:
+                calls[old_release.COLUMN] = call
         times = rounds(calls, repeats, CLOCK)
         seconds, ratio = summarise(times, RUNNERS[0][0])
         best = best_ratio(times, RUNNERS[0][0])
         paired = against_peers(times)
         row = {"model": label, "seconds": seconds, "ratio": ratio, "best_ratio": best, "against_peers": paired}
-        if old is not None:  # 0.1.3 in a child of its own, against the bare forward timed there
-            child = old_release.in_process(old, label, repeats, CLOCK is time.process_time, steady)
+        if isolated:
+            row["isolated"] = bench_isolated(label, repeats, steady)
+            # 0.1.3 alone: in a child of its own, against the bare forward timed there
+            child = None if old is None else old_release.in_process(old, label, repeats, CLOCK is time.process_time,
+                                                                     steady)
             if child is not None:
                 old_seconds, old_ratio = summarise(child, RUNNERS[0][0])
                 column = old_release.COLUMN
-                seconds[column], ratio[column] = old_seconds[column], old_ratio[column]
-                best[column] = best_ratio(child, RUNNERS[0][0])[column]
-                row["old_release_bare_seconds"] = old_seconds[RUNNERS[0][0]]
-        if isolated:
-            row["isolated"] = bench_isolated(label, repeats, steady)
-            if old is not None and old_release.COLUMN in ratio:
-                row["isolated"][old_release.COLUMN] = {"ratio": ratio[old_release.COLUMN],
-                                                       "best_ratio": best[old_release.COLUMN]}
+                row["isolated"][column] = {"ratio": old_ratio[column],
+                                           "best_ratio": best_ratio(child, RUNNERS[0][0])[column],
+                                           "seconds": old_seconds[column],
+                                           "bare_seconds": old_seconds[RUNNERS[0][0]]}
         rows.append(row)
         shown = "  ".join(f"{k} {v * 1e3:.1f} ms ({ratio[k]:.3f}x, best {best[k]:.3f}x)" for k, v in seconds.items())
         versus = "; ".join(f"minus {peer} {p['median_ms']:+.1f} ms "
