@@ -42,6 +42,7 @@ from neurarch_trace.rehearsal.checkpointing import checkpointed_layers
 from neurarch_trace.rehearsal.fit import combine
 from neurarch_trace.rehearsal.step import InputPlan, Rehearsal, RehearsalError, Run
 from neurarch_trace.rehearsal.storage import KINDS
+from neurarch_trace.rehearsal.user_hooks import user_hooks_left_out
 from neurarch_trace.text import error_line
 
 __all__ = ["rehearse_training_step", "STEP"]
@@ -209,7 +210,8 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
       it (``""`` is the root), one entry per call.
 
     The model is not modified (its parameters, buffers and training flags are as before) and
-    nothing is printed. Never raises for a model that fails: the failure is the ``error``.
+    nothing is printed. Hooks the user registered on its modules do not run in the rehearsal
+    (:mod:`.user_hooks`). Never raises for a model that fails: the failure is the ``error``.
     """
     flags = {m: m.training for m in walk.modules(model)}
     gc_was_enabled = gc.isenabled()
@@ -219,10 +221,11 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
         # the user's random stream is left where it was; the trace already told the model's warnings;
         # a TorchScript part runs its graph as written: its executor optimises the graph after a few
         # calls, which would make the first trace's step differ from the next ones'; a training
-        # step has autograd on, whatever grad mode the caller traces under (no_grad, inference_mode)
+        # step has autograd on, whatever grad mode the caller traces under (no_grad, inference_mode);
+        # the user's own hooks saw the traced forward and do not see the rehearsal's meta calls
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), dynamo_left_unimported(), \
                 sympy_left_unimported(), compiled_code_run_eagerly(), torch.jit.optimized_execution(False), \
-                torch.inference_mode(False), torch.enable_grad():
+                torch.inference_mode(False), torch.enable_grad(), user_hooks_left_out(model):
             warnings.simplefilter("ignore")
             return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars), finetune)
     except RehearsalError as exc:
