@@ -47,6 +47,7 @@ from neurarch_trace.text import one_line, wait_text
 __all__ = [
     "DEFAULT_API",
     "DEFAULT_TIMEOUT",
+    "FAMILY_X",
     "GPU_COUNT",
     "MAX_GPUS",
     "MAX_USD_PER_HOUR",
@@ -383,18 +384,25 @@ def request_plan(
 MAX_GPUS = 64
 MAX_USD_PER_HOUR = 10_000
 #: A count at the end of a ``gpu`` value: ``H100x8``, ``RTX 4090 x 2``, ``A100×4``, ``H100x-1``
-#: (ASCII digits); in ``RTX-4090`` the minus is part of the name (:func:`gpu_count`).
-GPU_COUNT = re.compile(r"(?P<name>.+?)(?P<space>\s*)[x\u00d7*]\s*(?P<count>-?[0-9]+)", flags=re.IGNORECASE)
+#: (ASCII digits), after the last x; in ``RTX-4090`` the minus is part of the name (:func:`gpu_count`).
+GPU_COUNT = re.compile(r"(?P<name>.*\S)(?P<space>\s*)[x\u00d7*]\s*(?P<count>-?[0-9]+)", flags=re.IGNORECASE)
+#: The x of RTX, GTX and RX: written right after those letters, it is part of a card's name
+#: (``RTX4090``, ``rtx 4090``, ``GTX 1080``), not a count's.
+FAMILY_X = re.compile(r"(?:^|[^a-z])(?:rt|gt|r)$", flags=re.IGNORECASE)
 
 
 def gpu_count(gpu: str) -> int | None:
-    """The count a ``gpu`` value asks for (``H100x8`` -> 8, ``H100x0`` -> 0, ``H100x-1`` -> -1);
-    ``None`` for a card name alone, and for a minus after a letter, as in ``RTX-4090``."""
+    """The count a ``gpu`` value asks for (``H100x8`` -> 8, ``RTX 4090 x 2`` -> 2, ``H100x0`` -> 0,
+    ``H100x-1`` -> -1); ``None`` for a card name alone: the x of ``RTX4090`` or ``rtx 4090`` and the
+    minus of ``RTX-4090`` are the name's."""
     match = GPU_COUNT.fullmatch(gpu.strip())
     if match is None:
         return None
+    name, space = match.group("name"), match.group("space")
+    if not space and FAMILY_X.search(name):
+        return None
     count = int(match.group("count"))
-    if count < 0 and not (match.group("space") or match.group("name")[-1].isdigit()):
+    if count < 0 and not (space or name[-1].isdigit()):
         return None
     return count
 

@@ -19,6 +19,7 @@ from neurarch_trace.contract import layer_count, read_graph
 from neurarch_trace.errors import NeurarchError
 from neurarch_trace.plan_client import (
     ATTENTION_KINDS,
+    FAMILY_X,
     FINETUNE_MODES,
     GPU_COUNT,
     MAX_GPUS,
@@ -104,11 +105,22 @@ def _price(text: str) -> float:
 
 def _gpu(text: str) -> str:
     """A ``--gpu`` value: a card name, with ``xN`` for N of them. Which names exist is the service's
-    table; a count of 0, one above :data:`MAX_GPUS`, or a negative one after a digit or a space
-    (``H100x-1``; in ``RTX-4090`` the minus is part of the name) is refused here, before a trace."""
+    table; refused here, before a trace: a count of 0, one above :data:`MAX_GPUS`, a negative one
+    after a digit or a space (``H100x-1``; in ``RTX-4090`` the minus is part of the name), an x with
+    no count (``H100x``; the x of ``RTX`` is the name's) and two counts (``H100x8x2``)."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} names no card: give one such as H100, H100x8 or RTX-4090")
+    stripped = text.strip()
+    last = stripped[-1]
+    if len(stripped) > 1 and last in "xX\u00d7*" and not (last in "xX" and FAMILY_X.search(stripped[:-1])):
+        raise argparse.ArgumentTypeError(f"{stripped!r} has no count after the {last}: give one, "
+                                         f"e.g. {stripped[:-1].rstrip()}x8, or the card alone")
     count = gpu_count(text)
+    inner = GPU_COUNT.fullmatch(stripped) if count is not None else None
+    if inner is not None and gpu_count(inner.group("name")) is not None:
+        card = GPU_COUNT.fullmatch(inner.group("name").strip())
+        raise argparse.ArgumentTypeError(f"{stripped!r} gives two counts: give the card once, with the number of "
+                                         f"cards after the x, e.g. {card.group('name').strip()}x8")  # type: ignore[union-attr]
     if count == 0:
         raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for 0 cards: give 1 or more after the x, e.g. H100x8")
     if count is not None and count > MAX_GPUS:

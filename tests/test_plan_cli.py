@@ -429,6 +429,47 @@ def test_a_gpu_count_or_price_beyond_the_api_is_one_line_and_nothing_is_sent(
     assert accepted_connections(listening_socket) == 0
 
 
+@pytest.mark.parametrize(("gpu", "said"), [
+    ("H100x", "'H100x' has no count after the x: give one, e.g. H100x8, or the card alone"),
+    ("A100 ×", "'A100 ×' has no count after the ×: give one, e.g. A100x8, or the card alone"),
+    ("H100x8x2", "'H100x8x2' gives two counts: give the card once, with the number of cards after the x, "
+                 "e.g. H100x8"),
+    ("rtx 4090 x 2 x 2", "'rtx 4090 x 2 x 2' gives two counts: give the card once, with the number of cards "
+                         "after the x, e.g. rtx 4090x8"),
+])
+def test_a_gpu_count_missing_or_given_twice_is_one_line_and_nothing_is_sent(
+    listening_socket: socket.socket, tmp_path: Path, small_file, gpu: str, said: str
+) -> None:
+    # a new-user pass: both reached the service, after the trace, as "unknown GPU"
+    path, _ = small_file
+    done = run_cli(["plan", path.name, "--gpu", gpu], tmp_path, api=url_of(listening_socket))
+    assert (done.returncode, done.stdout) == (1, "")
+    assert stderr_lines(done) == [f"neurarch-trace: argument --gpu: {said} (see neurarch-trace plan --help)"]
+    assert accepted_connections(listening_socket) == 0
+
+
+@pytest.mark.parametrize("gpu", ["rtx 4090", "RTX4090", "GeForce RTX 4090", "RTX-4090", "rtx"])
+def test_the_x_of_rtx_is_a_name_not_a_count(gpu: str) -> None:
+    from neurarch_trace.plan_client import check_plan_options, gpu_count
+    from neurarch_trace.plan_options import _gpu
+
+    # "rtx 4090" was refused as 4,090 cards of "rt", before the service, which knows the card
+    assert gpu_count(gpu) is None
+    assert _gpu(gpu) == gpu
+    check_plan_options({"gpu": gpu})
+    assert [gpu_count(f"{gpu}{tail}") for tail in ("x2", " x 2", "*3", "\u00d74")] == [2, 2, 3, 4]
+
+
+def test_a_card_written_as_its_family_reaches_the_service_and_is_planned(
+    plan_server: str, tmp_path: Path, small_file
+) -> None:
+    path, _ = small_file
+    for gpu in ("rtx 4090", "RTX4090 x 2"):
+        done = run_cli(["plan", path.name, "--gpu", gpu], tmp_path, api=plan_server)
+        assert done.returncode == 0, done.stderr
+        assert "RTX-4090 24 GB" in done.stdout
+
+
 def test_the_command_lines_limits_are_the_services() -> None:
     from neurarch_trace import plan_client, plan_options
     from neurarch_trace.planner.gpus import MAX_GPUS
