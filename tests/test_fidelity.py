@@ -184,6 +184,25 @@ def test_trace_leaves_buffers_parameters_and_attributes_bit_identical(training):
     assert model.bn.running_mean._version == versions["bn.running_mean"]
 
 
+@pytest.mark.parametrize("training_step", [False, True])
+def test_a_parametrized_weight_read_after_the_forward_writes_nothing(training_step):
+    # spectral_norm's power iteration writes _u and _v whenever the weight is computed in train
+    # mode; the records' settling read it after the forward, with the model's flags back on train
+    from torch.nn.utils import parametrizations
+
+    torch.manual_seed(0)
+    model = nn.Sequential(parametrizations.spectral_norm(nn.Linear(8, 16)), nn.ReLU(), nn.Linear(16, 4)).train()
+    x = torch.randn(2, 8)
+    before = state_of(model)
+    graph = trace_model(model, (x,), training_step=training_step)
+    assert graph["measured"]["params"] == sum(p.numel() for p in model.parameters())
+    for key, value in state_of(model).items():
+        assert torch.equal(value, before[key]), key
+    expected = model(x)  # the power iteration in train mode, as before the trace
+    model.load_state_dict({k[2:]: v for k, v in before.items()})
+    assert torch.equal(model(x), expected)
+
+
 def test_trace_restores_the_model_when_the_forward_raises():
     class Fails(Mutating):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

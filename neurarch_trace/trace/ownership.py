@@ -63,15 +63,18 @@ def packed_param_count(module: nn.Module) -> int:
         return 0  # the common case: a float leaf layer
     total = 0
     for sub in walk.modules(target):
-        quantized = type(sub).__module__.startswith("torch.ao.nn.quantized")
+        # only a quantized layer's weight is read: reading a parametrized one runs its
+        # parametrization (spectral_norm's power iteration writes its buffers in train mode)
+        if not type(sub).__module__.startswith("torch.ao.nn.quantized"):
+            continue
         weight = getattr(sub, "weight", None)
         try:
-            if callable(weight) and quantized:
+            if callable(weight):
                 total += weight().numel()
                 b = sub.bias() if callable(getattr(sub, "bias", None)) else None
                 if b is not None:
                     total += b.numel()
-            elif quantized and is_recurrent(sub):
+            elif is_recurrent(sub):
                 parts = list(sub.get_weight().values()) + list(sub.get_bias().values())
                 total += sum(x.numel() for x in parts if isinstance(x, torch.Tensor))
         except Exception:  # noqa: BLE001 - an unusual packed layout: leave it out

@@ -505,9 +505,12 @@ def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tupl
     with fast_paths_off(), opaque_script_modules(walk.Tree(model)) as tree:
         recorder = new_recorder()
         with model_warnings(lambda: recorder.running()):
+            # settling the records reads the layers' weights: a parametrized one is computed again,
+            # and spectral_norm's power iteration writes its buffers in train mode; those are put back too
             try:
                 with state_kept(tree):
                     output = _forward(recorder, model, args, kwargs, tensors, progress)
+                    recording = recorder.finish(output)
             except TraceError as exc:
                 if not (recorder.fast and _needs_autograd(exc.__cause__)):
                     raise
@@ -515,6 +518,6 @@ def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tupl
                 recorder = new_recorder()  # the forward differentiates (torch.autograd.grad): again, with autograd
                 with state_kept(tree):
                     output = _forward(recorder, model, args, kwargs, tensors, progress, with_grad=True)
-        recording = recorder.finish(output)
+                    recording = recorder.finish(output)
         recorder.close()  # freed by reference counting, not left to the cyclic collector
         return recording, output
