@@ -104,3 +104,33 @@ def test_which_hooks_are_the_libraries() -> None:
     for hook in (_user_function, lambda m, i, o: None, watcher, watcher.method,
                  functools.partial(_user_function), functools.partial(functools.partial(watcher))):
         assert not is_library_hook(hook), hook
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.attn(x, x, x)[0])
+
+
+def test_a_global_hook_sees_a_forward_without_autograd_and_the_graph_is_the_same() -> None:
+    # a global forward hook turns the closed forms off (it runs inside every layer), and it turned
+    # autograd on for the whole traced forward: an activation store kept graphs alive
+    torch.manual_seed(0)
+    model, x = _Attention().eval(), torch.randn(2, 5, 16)
+    plain = trace_model(model, (x,), training_step=False)
+    seen = []
+    handle = torch_module.register_module_forward_hook(
+        lambda m, i, o: seen.append((type(m).__name__, torch.is_grad_enabled())))
+    try:
+        hooked = trace_model(model, (x,), training_step=False)
+    finally:
+        handle.remove()
+    # MultiheadAttention runs with autograd (its unfused path, as without the hook); nothing else
+    assert seen == [("MultiheadAttention", True), ("Linear", False), ("_Attention", False)]
+    assert hooked["components"] == plain["components"] and hooked["connections"] == plain["connections"]
+    for key in ("params", "flops", "layerFlops", "functionalFlops", "activationBytes"):
+        assert hooked["measured"][key] == plain["measured"][key], key

@@ -123,6 +123,9 @@ class Recorder:
         # inside every layer, so it turns them off
         self.fast = fast_paths_enabled() and not (_global_hooks._global_forward_hooks
                                                   or _global_hooks._global_forward_pre_hooks)
+        #: the forward runs without autograd (MultiheadAttention and TransformerEncoder with it),
+        #: global hooks or not; only the reference path runs it all with autograd
+        self.without_grad = fast_paths_enabled()
         self._closed: Optional[Formula] = None  # the running layer's closed form, if it has one
         # the running layer's (args, kwargs, their tensors), read in the pre-hook (layers do not nest)
         self._running: tuple = _NOT_RUNNING
@@ -440,7 +443,7 @@ class Recorder:
         path, unless the model itself runs them under ``inference_mode``); :data:`_PASSTHROUGH`
         for a module that gets no node (nn.Identity); :data:`_RECURRENT` for nn.LSTM/GRU/RNN (see
         :meth:`_inner_recurrent`); else :data:`_PLAIN`."""
-        if self.fast and issubclass(cls, _GRAD_SENSITIVE):
+        if self.without_grad and issubclass(cls, _GRAD_SENSITIVE):
             return _SENSITIVE
         if is_recurrent(module):
             return _RECURRENT

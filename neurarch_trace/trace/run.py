@@ -260,7 +260,7 @@ def _forward(recorder: Recorder, model: nn.Module, args: tuple, kwargs: dict,
             walk.set_training(model, False)
         # the fast path runs the forward without autograd (no graph, activations freed as they go);
         # the reference path and a forward that needs autograd (torch.autograd.grad) run with it
-        grad = torch.no_grad() if recorder.fast and not with_grad else torch.enable_grad()
+        grad = torch.no_grad() if recorder.without_grad and not with_grad else torch.enable_grad()
         # on meta, below the FLOP mode: it stays on inside the layers where the FLOP mode steps aside
         shapes = MetaKernelMode() if recorder.on_meta and worth_a_mode(tree.modules) else nullcontext()
         with grad, shapes, recorder.flop_mode, recorder.flow:
@@ -512,7 +512,7 @@ def _record(model: nn.Module, args: tuple, kwargs: dict, named_inputs: List[Tupl
                     output = _forward(recorder, model, args, kwargs, tensors, progress)
                     recording = recorder.finish(output)
             except TraceError as exc:
-                if not (recorder.fast and _needs_autograd(exc.__cause__)):
+                if not (recorder.without_grad and _needs_autograd(exc.__cause__)):
                     raise
                 tree = walk.Tree(model)  # the first forward may have registered parameters (lazy layers)
                 recorder = new_recorder()  # the forward differentiates (torch.autograd.grad): again, with autograd
