@@ -134,3 +134,22 @@ def test_a_global_hook_sees_a_forward_without_autograd_and_the_graph_is_the_same
     assert hooked["components"] == plain["components"] and hooked["connections"] == plain["connections"]
     for key in ("params", "flops", "layerFlops", "functionalFlops", "activationBytes"):
         assert hooked["measured"][key] == plain["measured"][key], key
+
+
+def test_a_users_hook_that_reshapes_an_output_runs_in_the_step_when_it_must() -> None:
+    # without the hook the next layer gets 16 features and not 32: the step fails, and is
+    # rehearsed again with the user's hooks in it, as part of the model
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(32, 4)), torch.randn(2, 8)
+    devices = []
+
+    def doubled(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        devices.append(output.device.type)
+        return torch.cat([output, output], -1)
+
+    model[0].register_forward_hook(doubled)
+    graph = trace_model(model, (x,))
+    training = graph["measured"]["training"]
+    assert "error" not in training and training["operators"] > 0
+    # the traced forward first, then the rehearsal's calls on meta tensors
+    assert devices[0] == "cpu" and set(devices[1:]) == {"meta"}

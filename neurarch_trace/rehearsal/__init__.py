@@ -25,6 +25,7 @@ memory, and tensors whose size depends on values (none can be made on meta).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import warnings
 from collections.abc import Mapping
@@ -192,6 +193,28 @@ def _rehearse(model: nn.Module, plan: InputPlan, finetune: str | None = None) ->
     return {"measured": measured, "savedBytes": saved}
 
 
+def _attempt(model: nn.Module, plan: InputPlan, finetune: str | None, user_hooks: bool) -> dict[str, Any]:
+    """:func:`_rehearse` in the model's train mode, with the user's own module hooks
+    (:mod:`.user_hooks`) running or left out; an exception raised with hooks left out carries
+    their number as ``user_hooks_left_out``."""
+    walk.set_training(model, True)
+    # the user's random stream is left where it was; the trace already told the model's warnings;
+    # a TorchScript part runs its graph as written: its executor optimises the graph after a few
+    # calls, which would make the first trace's step differ from the next ones'; a training
+    # step has autograd on, whatever grad mode the caller traces under (no_grad, inference_mode);
+    # the user's own hooks saw the traced forward and do not see the rehearsal's meta calls
+    hooks = contextlib.nullcontext(0) if user_hooks else user_hooks_left_out(model)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), dynamo_left_unimported(), \
+            sympy_left_unimported(), compiled_code_run_eagerly(), torch.jit.optimized_execution(False), \
+            torch.inference_mode(False), torch.enable_grad(), hooks as left_out:
+        warnings.simplefilter("ignore")
+        try:
+            return _rehearse(model, plan, finetune)
+        except Exception as exc:
+            exc.user_hooks_left_out = left_out  # type: ignore[attr-defined]
+            raise
+
+
 def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None = None, *,
                            batch_size: int, scalars: list | None = None,
                            finetune: str | None = None) -> dict[str, Any]:
@@ -211,23 +234,21 @@ def rehearse_training_step(model: nn.Module, args: tuple, kwargs: Mapping[str, A
 
     The model is not modified (its parameters, buffers and training flags are as before) and
     nothing is printed. Hooks the user registered on its modules do not run in the rehearsal
-    (:mod:`.user_hooks`). Never raises for a model that fails: the failure is the ``error``.
+    (:mod:`.user_hooks`), unless the step fails without them (a hook that reshapes an output).
+    Never raises for a model that fails: the failure is the ``error``.
     """
     flags = {m: m.training for m in walk.modules(model)}
     gc_was_enabled = gc.isenabled()
     gc.disable()  # frees in a fixed order, the same in every run
+    plan = InputPlan(tuple(args), kwargs or {}, batch_size, scalars)
     try:
-        walk.set_training(model, True)
-        # the user's random stream is left where it was; the trace already told the model's warnings;
-        # a TorchScript part runs its graph as written: its executor optimises the graph after a few
-        # calls, which would make the first trace's step differ from the next ones'; a training
-        # step has autograd on, whatever grad mode the caller traces under (no_grad, inference_mode);
-        # the user's own hooks saw the traced forward and do not see the rehearsal's meta calls
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), dynamo_left_unimported(), \
-                sympy_left_unimported(), compiled_code_run_eagerly(), torch.jit.optimized_execution(False), \
-                torch.inference_mode(False), torch.enable_grad(), user_hooks_left_out(model):
-            warnings.simplefilter("ignore")
-            return _rehearse(model, InputPlan(tuple(args), kwargs or {}, batch_size, scalars), finetune)
+        try:
+            return _attempt(model, plan, finetune, user_hooks=False)
+        except Exception as exc:  # noqa: BLE001 - retried below, or reported as the error
+            if not getattr(exc, "user_hooks_left_out", 0):
+                raise
+        # a hook of the user's is part of the model (it reshapes an output): it runs in the step
+        return _attempt(model, plan, finetune, user_hooks=True)
     except RehearsalError as exc:
         return {"measured": {"error": str(exc)}, "savedBytes": {}}
     except Exception as exc:  # noqa: BLE001 - the trace stands; the plan falls back to its formula

@@ -10,9 +10,12 @@ forward itself is a real forward, so every hook sees it, as under torchinfo.
 Hooks that compute part of the model stay: those defined by PyTorch (``weight_norm``, pruning,
 spectral norm, parametrizations, quantization observers) and the libraries whose layers a traced
 model is made of (transformers' ``enable_input_require_grads``, PEFT, accelerate, bitsandbytes),
-and this project's own. The rule reads where a hook's code is defined: the module of a function,
-of a bound method's object, of a callable object's class, through ``functools.partial``. Hooks are
-put back afterwards in their order, with their handles still valid (the same dict entries).
+and this project's own. A user's hook can be part of the model too (one that reshapes an output):
+when the step fails without the user's hooks, it is rehearsed again with them
+(:func:`neurarch_trace.rehearsal.rehearse_training_step`). The rule reads where a hook's code is
+defined: the module of a function, of a bound method's object, of a callable object's class,
+through ``functools.partial``. Hooks are put back afterwards in their order, with their handles
+still valid (the same dict entries).
 
 Covers forward pre-hooks, forward hooks and backward (pre-)hooks, on every module of the tree and
 the global ones (``torch.nn.modules.module.register_module_forward_hook`` and the like).
@@ -84,9 +87,10 @@ def _put_back(kept: list) -> None:
 
 
 @contextlib.contextmanager
-def user_hooks_left_out(model: nn.Module) -> Iterator[None]:
+def user_hooks_left_out(model: nn.Module) -> Iterator[int]:
     """Within the block, the user's module hooks (see the module docstring) are out of ``model``'s
-    modules and of the global registries; after it, whatever happens, they are back as they were."""
+    modules and of the global registries; after it, whatever happens, they are back as they were.
+    Yields how many were left out."""
     kept: list = []
     try:
         for module in walk.modules(model):
@@ -98,6 +102,6 @@ def user_hooks_left_out(model: nn.Module) -> Iterator[None]:
             hooks = getattr(_module, name, None)
             if isinstance(hooks, dict):
                 _take_out(hooks, kept)
-        yield
+        yield sum(len(items) - len(hooks) for hooks, items in kept)
     finally:
         _put_back(kept)
