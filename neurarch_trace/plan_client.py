@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_API",
     "DEFAULT_TIMEOUT",
     "FAMILY_X",
+    "COUNT_FIRST",
     "GPU_COUNT",
     "MAX_GPUS",
     "MAX_USD_PER_HOUR",
@@ -62,6 +63,7 @@ __all__ = [
     "check_api",
     "check_plan_options",
     "gpu_count",
+    "name_first",
     "api_host",
     "plan_blocked",
     "request_plan",
@@ -341,6 +343,8 @@ def request_plan(
             :class:`PlanRateLimitError`, :class:`PlanResponseError`, as drawn in the module
             docstring.
     """
+    if isinstance(gpu, str):
+        gpu = name_first(gpu)  # 8x H100, as the card writes it -> H100x8
     optional = {"seq_len": seq_len, "attention": attention, "finetune": finetune, "context": context, "gpu": gpu,
                 "usd_per_hour": usd_per_hour}
     _check_options(optional)
@@ -391,11 +395,22 @@ GPU_COUNT = re.compile(r"(?P<name>.*\S)(?P<space>\s*)[x\u00d7*]\s*(?P<count>-?[0
 FAMILY_X = re.compile(r"(?:^|[^a-z])(?:rt|gt|r)$", flags=re.IGNORECASE)
 
 
+#: A count written before the name, as the card writes clusters: ``8x H100``, ``2 × RTX-4090``.
+COUNT_FIRST = re.compile(r"(?P<count>[0-9]+)\s*[x\u00d7*]\s*(?P<name>[a-z].*)", flags=re.IGNORECASE)
+
+
+def name_first(gpu: str) -> str:
+    """``gpu`` with a count written first moved after the name (``8x H100`` -> ``H100x8``), as the
+    plan API's ``gpu`` takes it; any other value as given."""
+    match = COUNT_FIRST.fullmatch(gpu.strip())
+    return f"{match.group('name').strip()}x{match.group('count')}" if match else gpu
+
+
 def gpu_count(gpu: str) -> int | None:
     """The count a ``gpu`` value asks for (``H100x8`` -> 8, ``RTX 4090 x 2`` -> 2, ``H100x0`` -> 0,
     ``H100x-1`` -> -1); ``None`` for a card name alone: the x of ``RTX4090`` or ``rtx 4090`` and the
     minus of ``RTX-4090`` are the name's."""
-    match = GPU_COUNT.fullmatch(gpu.strip())
+    match = GPU_COUNT.fullmatch(name_first(gpu).strip())
     if match is None:
         return None
     name, space = match.group("name"), match.group("space")

@@ -26,6 +26,7 @@ from neurarch_trace.plan_client import (
     MAX_USD_PER_HOUR,
     check_api,
     gpu_count,
+    name_first,
 )
 from neurarch_trace.text import plural
 
@@ -107,28 +108,31 @@ def _gpu(text: str) -> str:
     """A ``--gpu`` value: a card name, with ``xN`` for N of them. Which names exist is the service's
     table; refused here, before a trace: a count of 0, one above :data:`MAX_GPUS`, a negative one
     after a digit or a space (``H100x-1``; in ``RTX-4090`` the minus is part of the name), an x with
-    no count (``H100x``; the x of ``RTX`` is the name's) and two counts (``H100x8x2``)."""
+    no count (``H100x``; the x of ``RTX`` is the name's) and two counts (``H100x8x2``). A count
+    written first, as the card writes clusters (``8x H100``), is moved after the name."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} names no card: give one such as H100, H100x8 or RTX-4090")
+    shown = text.strip()  # the messages quote what was typed
+    text = name_first(text)  # 8x H100, as the card writes a cluster
     stripped = text.strip()
     last = stripped[-1]
     if len(stripped) > 1 and last in "xX\u00d7*" and not (last in "xX" and FAMILY_X.search(stripped[:-1])):
-        raise argparse.ArgumentTypeError(f"{stripped!r} has no count after the {last}: give one, "
+        raise argparse.ArgumentTypeError(f"{shown!r} has no count after the {last}: give one, "
                                          f"e.g. {stripped[:-1].rstrip()}x8, or the card alone")
     count = gpu_count(text)
     inner = GPU_COUNT.fullmatch(stripped) if count is not None else None
     if inner is not None and gpu_count(inner.group("name")) is not None:
         card = GPU_COUNT.fullmatch(inner.group("name").strip())
-        raise argparse.ArgumentTypeError(f"{stripped!r} gives two counts: give the card once, with the number of "
+        raise argparse.ArgumentTypeError(f"{shown!r} gives two counts: give the card once, with the number of "
                                          f"cards after the x, e.g. {card.group('name').strip()}x8")  # type: ignore[union-attr]
     if count == 0:
-        raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for 0 cards: give 1 or more after the x, e.g. H100x8")
+        raise argparse.ArgumentTypeError(f"{shown!r} asks for 0 cards: give 1 or more after the x, e.g. H100x8")
     if count is not None and count > MAX_GPUS:
         name = GPU_COUNT.fullmatch(text.strip()).group("name")  # type: ignore[union-attr]
-        raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for {count:,} cards; a plan uses 1 to {MAX_GPUS} "
+        raise argparse.ArgumentTypeError(f"{shown!r} asks for {count:,} cards; a plan uses 1 to {MAX_GPUS} "
                                          f"(eight 8-GPU nodes): give fewer after the x, e.g. {name}x{MAX_GPUS}")
     if count is not None and count < 0:
-        raise argparse.ArgumentTypeError(f"{text.strip()!r} asks for a negative number of cards: give 1 to {MAX_GPUS} "
+        raise argparse.ArgumentTypeError(f"{shown!r} asks for a negative number of cards: give 1 to {MAX_GPUS} "
                                          f"after the x, e.g. H100x8")
     return text.strip()
 

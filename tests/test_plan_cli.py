@@ -468,6 +468,23 @@ def test_a_card_written_as_its_family_reaches_the_service_and_is_planned(
         done = run_cli(["plan", path.name, "--gpu", gpu], tmp_path, api=plan_server)
         assert done.returncode == 0, done.stderr
         assert "RTX-4090 24 GB" in done.stdout
+    # a count written first, as the card writes a cluster, is the same request as H100x2
+    first, last = (run_cli(["plan", path.name, "--gpu", gpu], tmp_path, api=plan_server)
+                   for gpu in ("2x H100", "H100x2"))
+    assert first.returncode == last.returncode == 0, first.stderr
+    assert "2x H100 80 GB" in first.stdout and first.stdout == last.stdout
+
+
+def test_a_count_written_first_is_moved_after_the_name() -> None:
+    from neurarch_trace.plan_client import gpu_count, name_first
+    from neurarch_trace.planner.gpus import parse_gpu
+
+    assert [name_first(g) for g in ("8x H100", "8xH100", "2 \u00d7 RTX-4090", "2*a100-80", "H100x8", "4090")] == [
+        "H100x8", "H100x8", "RTX-4090x2", "a100-80x2", "H100x8", "4090"]
+    assert gpu_count("8x H100") == 8 and gpu_count("2x rtx 4090") == 2
+    for gpu in ("8x H100", "2x RTX-4090", "4 * A100-80"):
+        assert parse_gpu(gpu) == parse_gpu(name_first(gpu))
+        assert parse_gpu(gpu).gpus == int(gpu[0])
 
 
 def test_the_command_lines_limits_are_the_services() -> None:

@@ -144,7 +144,7 @@ def _lookup(table: GpuTable, name: str) -> Gpu | None:
 
 
 def parse_gpu(spec: str, table: GpuTable | None = None, usd_per_hour: float | None = None) -> GpuRequest:
-    """The card (and count) named by ``spec``: ``H100``, ``H100x8``, ``rtx 4090``, ``RTX-4090x2``.
+    """The card (and count) named by ``spec``: ``H100``, ``H100x8``, ``8x H100``, ``rtx 4090``, ``RTX-4090x2``.
 
     ``usd_per_hour``, when given, becomes that card's price per GPU-hour (a list price is replaced).
     Raises ``ValueError`` with one sentence naming the known cards for an unknown name, or for a
@@ -152,6 +152,9 @@ def parse_gpu(spec: str, table: GpuTable | None = None, usd_per_hour: float | No
     """
     table = table or gpu_table()
     text = spec.strip() if isinstance(spec, str) else ""
+    first = re.fullmatch(r"([0-9]+)\s*[x\u00d7*]\s*([a-z].*)", text, flags=re.IGNORECASE)
+    if first:  # a count written first, as the card writes clusters: 8x H100
+        text = f"{first.group(2).strip()}x{first.group(1)}"
     card, count = _lookup(table, text), None
     if card is None:
         match = re.fullmatch(r"(.+?)\s*[x\u00d7*]\s*(-?[0-9]+)", text, flags=re.IGNORECASE)
