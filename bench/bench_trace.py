@@ -194,6 +194,7 @@ def against_peers(times: Dict[str, List[float]], tool: str = "neurarch-trace") -
         diffs = [(a - b) * 1e3 for a, b in zip(times[tool], times[peer])]
         low, high = median_interval(diffs)
         out[peer] = {"median_ms": statistics.median(diffs), "interval_ms": [low, high],
+                     "interval": "95% (sign test)" if len(diffs) >= 6 else "the whole range (fewer than 6 rounds)",
                      "rounds_faster": sum(d < 0 for d in diffs), "rounds": len(diffs)}
     return out
 
@@ -228,7 +229,7 @@ def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Pat
         except ImportError as exc:
             print(f"neurarch-trace {old_release.VERSION} left out of the in-process rows: {exc}", file=sys.stderr)
     for label, build in models():
-        if only is not None and only not in label:
+        if only is not None and only.lower() not in label.lower():
             continue
         torch.manual_seed(0)
         model, args, kwargs = build()
@@ -265,6 +266,8 @@ def bench_in_process(repeats: int, only: Optional[str] = None, old: Optional[Pat
                            f"[{p['interval_ms'][0]:+.1f}, {p['interval_ms'][1]:+.1f}],"
                            f" faster in {p['rounds_faster']}/{p['rounds']}" for peer, p in paired.items())
         print(f"{label:34s} {shown}\n{'':34s} trace {versus}", flush=True)
+        if repeats < 6:
+            print(f"{'':34s} (with {repeats} rounds an interval is the whole range, not a 95% interval)", flush=True)
         if isolated:
             alone = "  ".join(f"{tool} {v['ratio']:.3f}x (best {v['best_ratio']:.3f}x)"
                               for tool, v in row["isolated"].items())
@@ -461,6 +464,21 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
+def commit() -> Optional[str]:
+    """The checkout's commit (``git rev-parse --short HEAD``, with ``+changes`` when the work tree
+    differs from it), or None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def check_arguments(args: argparse.Namespace) -> Optional[str]:
     """What is wrong with the command line, in one line that says what to do, or None: a round
     count below 1, ``--cli-only`` with ``--skip-cli``, a ``--only`` that names no model, a
@@ -473,7 +491,7 @@ def check_arguments(args: argparse.Namespace) -> Optional[str]:
         return "--cli-only and --skip-cli leave nothing to run; give one of them"
     if args.only is not None and not args.cli_only:
         labels = [label for label, _ in models()]
-        if not any(args.only in label for label in labels):
+        if not any(args.only.lower() in label.lower() for label in labels):
             return f"--only {args.only!r} names no model; give part of one of: " + ", ".join(labels)
     if args.json:
         target = Path(args.json)
@@ -537,8 +555,14 @@ def main() -> None:
     torch.manual_seed(0)
     load = os.getloadavg()
     print(f"machine: {machine()}; torch threads {torch.get_num_threads()}; load {load[0]:.2f} {load[1]:.2f}")
+    if load[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"bench_trace.py: note: load {load[0]:.2f} on {os.cpu_count()} cores: other work shares them, and "
+              "wall-clock ratios will be noisy (--cpu-time moves less)", file=sys.stderr)
     results: Dict[str, Any] = {
         "machine": machine(),
+        "commit": commit(),
+        "repeats": args.repeats,
+        "cli_repeats": args.cli_repeats,
         "clock": "process CPU time, 1 torch thread" if args.cpu_time else "wall clock",
         "allocator": "glibc malloc keeping freed memory (--steady-allocator)" if args.steady_allocator
         else "glibc malloc defaults",

@@ -26,6 +26,22 @@ def _args(**overrides: object) -> argparse.Namespace:
 def test_good_arguments_pass() -> None:
     assert bench_trace.check_arguments(_args()) is None
     assert bench_trace.check_arguments(_args(only="ResNet-50", repeats=1, cli_repeats=1)) is None
+    assert bench_trace.check_arguments(_args(only="resnet")) is None  # in any case, as --gpu takes names
+
+
+def test_the_interval_says_when_it_is_not_a_95_percent_one() -> None:
+    times = {"neurarch-trace": [0.10, 0.11, 0.12], "torchinfo": [0.12, 0.12, 0.12]}
+    few = bench_trace.against_peers(times)["torchinfo"]
+    assert few["interval"] == "the whole range (fewer than 6 rounds)"
+    assert [round(v, 6) for v in few["interval_ms"]] == [-20.0, 0.0] and few["rounds_faster"] == 2
+    times = {tool: values * 3 for tool, values in times.items()}
+    assert bench_trace.against_peers(times)["torchinfo"]["interval"] == "95% (sign test)"
+
+
+def test_the_commit_is_recorded() -> None:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    got = bench_trace.commit()
+    assert got is not None and got.split("+")[0] == head.stdout.strip()
 
 
 @pytest.mark.parametrize("overrides, expected", [
