@@ -325,7 +325,7 @@ def request_plan(
         attention: ``"sdpa"``, ``"flash"`` or ``"eager"`` (only eager stores the score matrix).
         finetune: ``"full"`` (default), ``"lora"`` or ``"qlora"``: what the card's fit and cost size.
         context: tokens of context to size serving for, a positive int.
-        gpu: one card or cluster only (``"H100"``, ``"H100x8"``, ``"RTX-4090"``); the service checks the name.
+        gpu: one card or cluster only (``"H100"``, ``"H100x8"``, ``"8x H100"``, ``"RTX-4090"``); names: the service.
         usd_per_hour: price per GPU-hour of ``gpu`` (for a card without a list price), a positive number.
         api: service address; default :func:`api_base` (``NEURARCH_API`` or the hosted service).
         api_key: bearer token; None reads ``NEURARCH_API_KEY``, ``""`` sends no key.
@@ -338,13 +338,11 @@ def request_plan(
     Raises:
         ValueError: an option above or ``timeout`` out of range (a programming error).
         GraphError: ``graph`` or ``base`` is not a dict, or holds a value JSON cannot carry.
-        PlanError: ``api`` (or ``NEURARCH_API``) is not an http(s) URL. Subclasses:
-            :class:`PlanConnectionError`, :class:`PlanTimeoutError`, :class:`PlanStatusError`,
-            :class:`PlanRateLimitError`, :class:`PlanResponseError`, as drawn in the module
-            docstring.
+        PlanError: ``api`` (or ``NEURARCH_API``) is not an http(s) URL. Subclasses, drawn in the
+            module docstring: :class:`PlanConnectionError`, :class:`PlanTimeoutError`,
+            :class:`PlanStatusError`, :class:`PlanRateLimitError`, :class:`PlanResponseError`.
     """
-    if isinstance(gpu, str):
-        gpu = name_first(gpu)  # 8x H100, as the card writes it -> H100x8
+    gpu = name_first(gpu) if isinstance(gpu, str) else gpu  # 8x H100, as the card writes it: H100x8
     optional = {"seq_len": seq_len, "attention": attention, "finetune": finetune, "context": context, "gpu": gpu,
                 "usd_per_hour": usd_per_hour}
     _check_options(optional)
