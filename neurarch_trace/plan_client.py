@@ -325,7 +325,7 @@ def request_plan(
         attention: ``"sdpa"``, ``"flash"`` or ``"eager"`` (only eager stores the score matrix).
         finetune: ``"full"`` (default), ``"lora"`` or ``"qlora"``: what the card's fit and cost size.
         context: tokens of context to size serving for, a positive int.
-        gpu: one card or cluster only (``"H100"``, ``"H100x8"``, ``"8x H100"``, ``"RTX-4090"``); names: the service.
+        gpu: one card or cluster (``"H100"``, ``"H100x8"``, ``"8x H100"``, ``"RTX-4090"``); the service checks names.
         usd_per_hour: price per GPU-hour of ``gpu`` (for a card without a list price), a positive number.
         api: service address; default :func:`api_base` (``NEURARCH_API`` or the hosted service).
         api_key: bearer token; None reads ``NEURARCH_API_KEY``, ``""`` sends no key.
