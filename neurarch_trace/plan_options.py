@@ -116,6 +116,9 @@ def _gpu(text: str) -> str:
     text = name_first(text)  # 8x H100, as the card writes a cluster
     stripped = text.strip()
     last = stripped[-1]
+    if last in "xX\u00d7*" and stripped[:-1].strip().isdigit():  # 2x: a count, and no card
+        raise argparse.ArgumentTypeError(f"{shown!r} names no card: give one with the count, e.g. "
+                                         f"{stripped[:-1].strip()}x H100 or H100x{stripped[:-1].strip()}")
     if len(stripped) > 1 and last in "xX\u00d7*" and not (last in "xX" and FAMILY_X.search(stripped[:-1])):
         raise argparse.ArgumentTypeError(f"{shown!r} has no count after the {last}: give one, "
                                          f"e.g. {stripped[:-1].rstrip()}x8, or the card alone")

@@ -434,6 +434,9 @@ def test_a_gpu_count_or_price_beyond_the_api_is_one_line_and_nothing_is_sent(
     ("A100 ×", "'A100 ×' has no count after the ×: give one, e.g. A100x8, or the card alone"),
     ("H100x8x2", "'H100x8x2' gives two counts: give the card once, with the number of cards after the x, "
                  "e.g. H100x8"),
+    ("2x", "'2x' names no card: give one with the count, e.g. 2x H100 or H100x2"),
+    ("8x H100x2", "'8x H100x2' gives two counts: give the card once, with the number of cards after the x, "
+                  "e.g. H100x8"),
     ("rtx 4090 x 2 x 2", "'rtx 4090 x 2 x 2' gives two counts: give the card once, with the number of cards "
                          "after the x, e.g. rtx 4090x8"),
 ])
