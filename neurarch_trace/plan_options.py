@@ -117,11 +117,16 @@ def _gpu(text: str) -> str:
     stripped = text.strip()
     last = stripped[-1]
     if last in "xX\u00d7*" and stripped[:-1].strip().isdigit():  # 2x: a count, and no card
-        raise argparse.ArgumentTypeError(f"{shown!r} names no card: give one with the count, e.g. "
-                                         f"{stripped[:-1].strip()}x H100 or H100x{stripped[:-1].strip()}")
+        n = int(stripped[:-1]) if 1 <= int(stripped[:-1]) <= MAX_GPUS else 8
+        raise argparse.ArgumentTypeError(f"{shown!r} names no card: give one with the count, "
+                                         f"e.g. {n}x H100 or H100x{n}")
     if len(stripped) > 1 and last in "xX\u00d7*" and not (last in "xX" and FAMILY_X.search(stripped[:-1])):
+        before = stripped[:-1].rstrip()
+        if gpu_count(before) is not None:  # H100 x 8 x: a count, then an x more
+            raise argparse.ArgumentTypeError(f"{shown!r} ends in an x with nothing after it: leave it out, "
+                                             f"e.g. {before}")
         raise argparse.ArgumentTypeError(f"{shown!r} has no count after the {last}: give one, "
-                                         f"e.g. {stripped[:-1].rstrip()}x8, or the card alone")
+                                         f"e.g. {before}x8, or the card alone")
     count = gpu_count(text)
     inner = GPU_COUNT.fullmatch(stripped) if count is not None else None
     if inner is not None and gpu_count(inner.group("name")) is not None:

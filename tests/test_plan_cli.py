@@ -435,6 +435,8 @@ def test_a_gpu_count_or_price_beyond_the_api_is_one_line_and_nothing_is_sent(
     ("H100x8x2", "'H100x8x2' gives two counts: give the card once, with the number of cards after the x, "
                  "e.g. H100x8"),
     ("2x", "'2x' names no card: give one with the count, e.g. 2x H100 or H100x2"),
+    ("0x", "'0x' names no card: give one with the count, e.g. 8x H100 or H100x8"),
+    ("H100 x 8 x", "'H100 x 8 x' ends in an x with nothing after it: leave it out, e.g. H100 x 8"),
     ("8x H100x2", "'8x H100x2' gives two counts: give the card once, with the number of cards after the x, "
                   "e.g. H100x8"),
     ("rtx 4090 x 2 x 2", "'rtx 4090 x 2 x 2' gives two counts: give the card once, with the number of cards "
