@@ -47,8 +47,8 @@ from neurarch_trace.text import one_line, wait_text
 __all__ = [
     "DEFAULT_API",
     "DEFAULT_TIMEOUT",
-    "FAMILY_X",
     "COUNT_FIRST",
+    "FAMILY_X",
     "GPU_COUNT",
     "MAX_GPUS",
     "MAX_USD_PER_HOUR",

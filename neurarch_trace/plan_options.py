@@ -136,13 +136,13 @@ def _gpu(text: str) -> str:
     if count == 0:
         raise argparse.ArgumentTypeError(f"{shown!r} asks for 0 cards: give 1 or more after the x, e.g. H100x8")
     if count is not None and count > MAX_GPUS:
-        name = GPU_COUNT.fullmatch(text.strip()).group("name")  # type: ignore[union-attr]
+        name = GPU_COUNT.fullmatch(stripped).group("name")  # type: ignore[union-attr]
         raise argparse.ArgumentTypeError(f"{shown!r} asks for {count:,} cards; a plan uses 1 to {MAX_GPUS} "
                                          f"(eight 8-GPU nodes): give fewer after the x, e.g. {name}x{MAX_GPUS}")
     if count is not None and count < 0:
         raise argparse.ArgumentTypeError(f"{shown!r} asks for a negative number of cards: give 1 to {MAX_GPUS} "
                                          f"after the x, e.g. H100x8")
-    return text.strip()
+    return stripped
 
 
 PLAN = Option(("--plan",), {
